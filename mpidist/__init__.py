@@ -1,0 +1,79 @@
+"""mpidist: the torch.distributed programming model on MPI.
+
+``import mpidist as dist`` and a program written for torch.distributed runs under
+``mpiexec -n N`` with numpy arrays or torch CPU tensors as buffers.
+"""
+
+from __future__ import annotations
+
+from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
+from .collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from .groups import (
+    GroupMember,
+    ProcessGroup,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    group,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+    split_group,
+)
+from .objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from .ops import ReduceOp, make_premul_sum, reduce_op
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .work import Future, Work
+from .world import (
+    Backend,
+    default_pg_timeout,
+    destroy_process_group,
+    get_backend,
+    get_rank,
+    get_world_size,
+    init_process,
+    init_process_group,
+    is_available,
+    is_gloo_available,
+    is_initialized,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+)
+
+_make_nccl_premul_sum = make_premul_sum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",
+    "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
+    "group", "init_process", "init_process_group", "irecv", "is_available", "is_gloo_available",
+    "is_initialized", "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "isend",
+    "make_premul_sum", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
+    "recv_object_list", "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor",
+    "scatter", "scatter_object_list", "send", "send_object_list", "split_group",
+]

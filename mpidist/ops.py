@@ -1,0 +1,210 @@
+"""ReduceOp and its mapping onto MPI.Op: the one place that knows which op fits which dtype.
+
+``plan(op, dtype, call)`` returns the ``MPI.Op`` to call plus the two steps MPI has no
+op for: AVG (a SUM, then a divide by the group size on completion) and PREMUL_SUM (a
+multiply by the factor before a SUM). bool reduces with MPI's logical ops, float16 and
+bfloat16 with user-defined ops that compute in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import errors
+from .buffers import DType
+from .lowprec import bf16_to_f32, f32_to_bf16
+
+
+class ReduceOp:
+    """Reduction operations, with torch.distributed's names.
+
+    ``ReduceOp.SUM``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND``, ``BOR``, ``BXOR``,
+    ``AVG``; ``PREMUL_SUM`` needs a factor: use :func:`make_premul_sum`.
+    """
+
+    __slots__ = ("name", "factor")
+    SUM: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    BAND: ReduceOp
+    BOR: ReduceOp
+    BXOR: ReduceOp
+    AVG: ReduceOp
+    PREMUL_SUM: ReduceOp
+    UNUSED: ReduceOp
+
+    def __init__(self, name: str, factor: Any = None) -> None:
+        self.name = name
+        self.factor = factor
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReduceOp):
+            return self.name == other.name and self.factor is other.factor
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        if self.factor is not None:
+            return f"<ReduceOp.{self.name} factor={self.factor!r}>"
+        return f"<ReduceOp.{self.name}>"
+
+
+_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG", "PREMUL_SUM", "UNUSED")
+for _n in _NAMES:
+    setattr(ReduceOp, _n, ReduceOp(_n))
+ReduceOp.RedOpType = ReduceOp  # torch spells the enum ReduceOp.RedOpType.SUM too
+
+#: Deprecated torch alias (``dist.reduce_op.SUM``).
+reduce_op = ReduceOp
+
+
+def make_premul_sum(factor: Any) -> ReduceOp:
+    """``PREMUL_SUM`` with ``factor``: each rank's input is multiplied by it, then summed.
+
+    ``factor`` is a Python number or a one-element array/tensor (torch's
+    ``_make_nccl_premul_sum``).
+    """
+    return ReduceOp("PREMUL_SUM", factor)
+
+
+class Plan(NamedTuple):
+    """What to do for one (op, dtype): the MPI op, then optional pre/post steps."""
+
+    op: MPI.Op
+    average: bool  # divide by the group size after the SUM
+    factor: Any  # multiply inputs by this before the SUM (PREMUL_SUM), else None
+
+
+_BASE = {
+    "SUM": MPI.SUM, "PRODUCT": MPI.PROD, "MIN": MPI.MIN, "MAX": MPI.MAX,
+    "BAND": MPI.BAND, "BOR": MPI.BOR, "BXOR": MPI.BXOR, "AVG": MPI.SUM, "PREMUL_SUM": MPI.SUM,
+}
+# C_BOOL is a logical type in MPI: only LAND/LOR/LXOR apply. torch's bool semantics.
+_BOOL = {
+    "SUM": MPI.LOR, "PRODUCT": MPI.LAND, "MIN": MPI.LAND, "MAX": MPI.LOR,
+    "BAND": MPI.LAND, "BOR": MPI.LOR, "BXOR": MPI.LXOR,
+}
+_BITWISE = ("BAND", "BOR", "BXOR")
+_FLOATS = ("f", "f16", "bf16")
+
+# numpy ufuncs for the user-defined 16-bit ops
+_UFUNC = {
+    "SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+    "AVG": np.add, "PREMUL_SUM": np.add,
+}
+
+
+def _f16_op(ufunc: np.ufunc) -> MPI.Op:
+    def reduce_f16(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
+        a = np.frombuffer(inbuf, dtype=np.float16)
+        b = np.frombuffer(inoutbuf, dtype=np.float16)
+        b[...] = ufunc(a.astype(np.float32), b.astype(np.float32))
+
+    return MPI.Op.Create(reduce_f16, commute=True)
+
+
+def _bf16_op(ufunc: np.ufunc) -> MPI.Op:
+    def reduce_bf16(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
+        a = np.frombuffer(inbuf, dtype=np.uint16)
+        b = np.frombuffer(inoutbuf, dtype=np.uint16)
+        f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)), out=b)
+
+    return MPI.Op.Create(reduce_bf16, commute=True)
+
+
+_LOWPREC_OPS: dict[tuple[str, str], MPI.Op] = {}
+
+
+def _lowprec(name: str, kind: str) -> MPI.Op:
+    key = (_UFUNC[name].__name__, kind)
+    op = _LOWPREC_OPS.get(key)
+    if op is None:
+        op = (_f16_op if kind == "f16" else _bf16_op)(_UFUNC[name])
+        _LOWPREC_OPS[key] = op
+    return op
+
+
+_PLANS: dict[tuple[str, str], Plan] = {}
+
+
+def _name_of(op: Any, call: str) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    # torch.distributed.ReduceOp.SUM (a RedOpType) and friends: accept by name
+    name = getattr(op, "name", None)
+    if isinstance(name, str) and name in _BASE:
+        return getattr(ReduceOp, name)
+    raise errors.type_error(call, f"op must be a mpidist.ReduceOp, got {op!r}")
+
+
+def _build(name: str, d: DType, call: str) -> Plan:
+    kind = d.kind
+    if name not in _BASE:
+        raise errors.value_error(call, f"ReduceOp.{name} is not a reduction")
+    if kind in _FLOATS and name in _BITWISE:
+        raise errors.type_error(call, f"ReduceOp.{name} is bitwise and cannot reduce {d.name}")
+    if kind == "c" and name in ("MIN", "MAX", *_BITWISE):
+        raise errors.type_error(call, f"ReduceOp.{name} is undefined for complex {d.name}")
+    if kind in ("i", "u", "b") and name in ("AVG", "PREMUL_SUM"):
+        raise errors.type_error(
+            call, f"ReduceOp.{name} needs a floating-point or complex dtype, got {d.name}"
+        )
+    average = name == "AVG"
+    if kind == "b":
+        return Plan(_BOOL[name], False, None)
+    if kind in ("f16", "bf16"):
+        return Plan(_lowprec(name, kind), average, None)
+    return Plan(_BASE[name], average, None)
+
+
+def plan(op: Any, d: DType, call: str) -> Plan:
+    """The :class:`Plan` for reducing dtype ``d`` with ``op``; raises on a bad pairing."""
+    if type(op) is ReduceOp and op.factor is None:
+        p = _PLANS.get((op.name, d.kind))
+        if p is None:
+            if op.name == "PREMUL_SUM":
+                raise errors.value_error(
+                    call, "ReduceOp.PREMUL_SUM needs a factor: use make_premul_sum(factor)"
+                )
+            p = _PLANS[(op.name, d.kind)] = _build(op.name, d, call)
+        return p
+    rop = _name_of(op, call)
+    p = plan(ReduceOp(rop.name), d, call) if rop.factor is None else _build(rop.name, d, call)
+    if rop.factor is not None:
+        factor = np.asarray(rop.factor)
+        if factor.size != 1:
+            raise errors.value_error(
+                call, f"PREMUL_SUM factor must be a scalar, got shape {factor.shape}"
+            )
+        return Plan(p.op, False, factor.reshape(()).item())
+    return p
+
+
+def premultiply(arr: np.ndarray, d: DType, factor: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """``factor * arr`` into ``out`` (a new array when ``None``), in ``arr``'s dtype."""
+    if out is None:
+        out = np.empty_like(arr)
+    if d.kind == "bf16":
+        f32_to_bf16(bf16_to_f32(arr) * np.float32(factor), out=out)
+    elif d.kind == "f16":
+        out[...] = (arr.view(np.float16) * factor).astype(np.float16).view(arr.dtype)
+    else:
+        np.multiply(arr, factor, out=out, casting="unsafe")
+    return out
+
+
+def divide(arr: np.ndarray, d: DType, n: int) -> None:
+    """In place ``arr /= n``, the second half of AVG."""
+    if d.kind == "bf16":
+        f32_to_bf16(bf16_to_f32(arr) / np.float32(n), out=arr)
+    elif d.kind == "f16":
+        v = arr.view(np.float16)
+        np.divide(v, n, out=v)
+    else:
+        np.divide(arr, n, out=arr, casting="unsafe")

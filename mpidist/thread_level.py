@@ -1,0 +1,36 @@
+"""The MPI thread level, chosen before ``mpi4py.MPI`` initialises MPI.
+
+``MPIDIST_THREAD_LEVEL=single|funneled|serialized|multiple`` sets it; the default is
+mpi4py's (``multiple``). Measured here (benchmarks/): ``single`` halves MPICH's
+small-message latency when every rank has a core of its own, but with more ranks
+than cores it is catastrophically slower, and ``multiple`` is also faster for
+messages of 1 MiB and more, so ``multiple`` stays the default.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+LEVELS = ("single", "funneled", "serialized", "multiple")
+
+
+def _configure() -> None:
+    level = os.environ.get("MPIDIST_THREAD_LEVEL", "").strip().lower()
+    if not level:
+        return
+    if level not in LEVELS:
+        raise ValueError(f"MPIDIST_THREAD_LEVEL={level!r} is not one of {', '.join(LEVELS)}")
+    if "mpi4py.MPI" in sys.modules:
+        warnings.warn(
+            f"MPIDIST_THREAD_LEVEL={level} has no effect: mpi4py.MPI was imported before mpidist",
+            RuntimeWarning, stacklevel=3,
+        )
+        return
+    import mpi4py
+
+    mpi4py.rc.thread_level = level
+
+
+_configure()
