@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import errors
+from . import errors, gpu
+from .gpu import complete as complete  # re-exported: the post-step every call ends with
 
 
 class DType(NamedTuple):
@@ -89,10 +90,6 @@ def _lookup(dtype: np.dtype, call: str, arg: str) -> DType:
 
 
 def _from_torch(t: Any, call: str, arg: str) -> tuple[np.ndarray, DType]:
-    if t.device.type != "cpu":
-        raise errors.type_error(
-            call, f"argument '{arg}' is a torch tensor on {t.device}; mpidist handles CPU tensors"
-        )
     t = t.detach()
     name = str(t.dtype).rpartition(".")[2]
     if name == "bfloat16":
@@ -107,24 +104,50 @@ def _from_torch(t: Any, call: str, arg: str) -> tuple[np.ndarray, DType]:
     return arr, _BY_NUMPY[arr.dtype]
 
 
-def _convert_other(x: Any, call: str, arg: str) -> tuple[np.ndarray, DType]:
+def _from_device(dev: gpu.Device, call: str, arg: str, writable: bool) -> tuple[np.ndarray, DType]:
+    if dev.dtype == "bfloat16":
+        d = BFLOAT16
+    else:
+        try:
+            d = _lookup(np.dtype(dev.dtype), call, arg)
+        except TypeError:
+            raise _unsupported(call, arg, dev.dtype) from None
+    if not dev.contiguous:
+        raise errors.value_error(
+            call, f"argument '{arg}' ({d.name} device array of shape {dev.shape}) is not contiguous; "
+            "pass a contiguous array"
+        )
+    return gpu.to_mpi(dev, d.raw, d.kind, call, writable), d
+
+
+def _convert_other(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, DType]:
     if isinstance(x, np.ndarray):  # subclasses: memmap, recarray views, ...
         arr = x.view(np.ndarray)
         return arr, _lookup(arr.dtype, call, arg)
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
+    if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cpu":
         return _from_torch(x, call, arg)
+    dev = gpu.inspect(x, call, arg)
+    if dev is not None:
+        return _from_device(dev, call, arg, writable)
+    if torch is not None and isinstance(x, torch.Tensor):
+        raise errors.type_error(
+            call, f"argument '{arg}' is a torch tensor on {x.device}; mpidist handles CPU and CUDA tensors"
+        )
     raise errors.type_error(
         call,
-        f"argument '{arg}' must be a numpy array or a torch tensor, got {errors.type_name(x)}",
+        f"argument '{arg}' must be a numpy array, a torch tensor or a GPU array "
+        f"(__cuda_array_interface__ / __dlpack__), got {errors.type_name(x)}",
     )
 
 
 def as_buffer(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, DType]:
-    """Return ``(array, dtype)`` where ``array`` shares memory with ``x``.
+    """Return ``(array, dtype)`` where ``array`` is what MPI reads or writes for ``x``.
 
     ``writable`` says that MPI writes results into ``x``. ``array`` is C-contiguous and
-    has dtype ``dtype.raw``; ``[array, dtype.mpi]`` is the mpi4py buffer spec.
+    has dtype ``dtype.raw``; ``[array, dtype.mpi]`` is the mpi4py buffer spec. For host
+    data it shares memory with ``x``; for a GPU array it is a :class:`~mpidist.gpu.DeviceView`
+    of device memory (CUDA-aware MPI) or a staged pool copy that :func:`complete` copies back.
     """
     if type(x) is np.ndarray:
         arr = x
@@ -132,7 +155,7 @@ def as_buffer(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, 
         if d is None:
             d = _lookup(arr.dtype, call, arg)
     else:
-        arr, d = _convert_other(x, call, arg)
+        arr, d = _convert_other(x, call, arg, writable)
     flags = arr.flags
     if not flags.c_contiguous:
         raise errors.value_error(

@@ -1,14 +1,55 @@
-"""bfloat16 arithmetic on raw 16-bit words, with numpy only.
+"""float16 and bfloat16 on raw 16-bit words: conversions and the 16-bit reductions.
 
-MPI has no bfloat16 datatype (``MPI.BFLOAT16_T`` is null in the MPICH and Open MPI
-builds we ship against) and ``ml_dtypes.bfloat16`` arrays cannot be exported as
-buffers, so mpidist moves bfloat16 data as ``uint16`` words and does the arithmetic
-here, in float32: widen exactly, compute, round once to nearest-even.
+MPI has no bfloat16 datatype (``MPI.BFLOAT16_T`` is null in the MPICH and Open MPI builds
+we ship against), Open MPI has no float16, and ``ml_dtypes.bfloat16`` arrays cannot be
+exported as buffers. So mpidist moves both types as ``uint16`` words (``MPI_UINT16_T``)
+and reduces them itself: every element is widened exactly to float32, accumulated in
+float32 in rank order, scaled (AVG, PREMUL_SUM) in float32, and rounded once, to nearest
+even. The result is the same on every rank.
+
+The reductions are :class:`Words16` methods, which stand in for the communicator's
+``Allreduce`` / ``Reduce`` / ``Reduce_scatter_block`` (see :meth:`mpidist.ops.Plan.on`):
+
+* all_reduce -- small messages and 2 ranks: ``MPI_Allgather`` of the words, then every rank
+  reduces all of them (one collective; at 2 ranks it moves as many bytes as a ring). Large
+  messages on more ranks: ``MPI_Alltoallv`` so that each
+  rank holds every rank's copy of its slice, one vectorised float32 pass per slice, then
+  ``MPI_Allgatherv`` of the rounded words (a reduce-scatter/all-gather allreduce).
+* reduce -- the same two shapes, ending in ``MPI_Gather(v)`` to the root.
+* reduce_scatter -- ``MPI_Alltoall`` of the blocks, then the float32 pass on the own block.
+
+The ``I*`` variants run to completion and return ``MPI.REQUEST_NULL`` (the arithmetic
+between the two exchanges needs the first one done).
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Any, NamedTuple
+
 import numpy as np
+from mpi4py import MPI
+
+#: Below this many bytes per rank all_reduce/reduce gather every rank's words instead.
+SMALL_BYTES = 64 * 1024
+#: From this many elements on, conversions use torch's vectorised casts when torch is loaded.
+TORCH_MIN = 4096
+
+_WORD = MPI.UINT16_T
+_ml_bf16: Any = None
+
+
+def _bf16_dtype() -> Any:
+    """``ml_dtypes.bfloat16`` when installed (fast C conversions), else ``False``."""
+    global _ml_bf16
+    if _ml_bf16 is None:
+        try:
+            import ml_dtypes
+
+            _ml_bf16 = np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            _ml_bf16 = False
+    return _ml_bf16
 
 
 def bf16_to_f32(words: np.ndarray) -> np.ndarray:
@@ -31,3 +72,176 @@ def f32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray
         return words
     out[...] = words.reshape(out.shape)
     return out
+
+
+def _torch_for(n: int) -> Any:
+    """torch when the caller already imported it (numpy's float16 casts are scalar loops)."""
+    return sys.modules.get("torch") if n >= TORCH_MIN else None
+
+
+def widen(words: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
+    """float16 (``kind`` ``"f16"``) or bfloat16 (``"bf16"``) words -> float32 ``out``, exactly."""
+    torch = _torch_for(words.size)
+    if kind == "f16":
+        if torch is not None:
+            torch.from_numpy(out).copy_(torch.from_numpy(words.view(np.float16)))
+        else:
+            np.copyto(out, words.view(np.float16))
+    elif _bf16_dtype():
+        np.copyto(out, words.view(_bf16_dtype()))
+    else:
+        out.view(np.uint32)[...] = words
+        np.left_shift(out.view(np.uint32), 16, out=out.view(np.uint32))
+    return out
+
+
+def narrow(values: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
+    """float32 -> 16-bit words in ``out``, rounded once to nearest even."""
+    torch = _torch_for(values.size)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the defined results
+        if kind == "f16":
+            if torch is not None:
+                torch.from_numpy(out.view(np.float16)).copy_(torch.from_numpy(values))
+            else:
+                np.copyto(out.view(np.float16), values, casting="unsafe")
+        elif _bf16_dtype():
+            np.copyto(out.view(_bf16_dtype()), values, casting="unsafe")
+        else:
+            f32_to_bf16(values, out=out)
+    return out
+
+
+class Reduction(NamedTuple):
+    """One 16-bit reduction: element kind, float32 ufunc, and the scaling before rounding."""
+
+    kind: str  # "f16" or "bf16"
+    ufunc: np.ufunc  # np.add, np.multiply, np.minimum, np.maximum
+    average: bool  # divide by the group size (ReduceOp.AVG)
+    scale: float | None = None  # PREMUL_SUM's factor, applied to the float32 sum
+
+
+def reduce_rows(rows: np.ndarray, red: Reduction, size: int, out: np.ndarray) -> np.ndarray:
+    """Reduce the rows of ``rows`` (``(k, m)`` words, rank order) into ``out`` (``m`` words)."""
+    m = rows.shape[1]
+    acc = widen(rows[0], red.kind, np.empty(m, np.float32))
+    if rows.shape[0] > 1:
+        tmp = np.empty(m, np.float32)
+        for row in rows[1:]:
+            red.ufunc(acc, widen(row, red.kind, tmp), out=acc)
+    if red.average:
+        np.divide(acc, np.float32(size), out=acc)
+    if red.scale is not None:
+        np.multiply(acc, np.float32(red.scale), out=acc)
+    return narrow(acc, red.kind, out)
+
+
+def _split(n: int, size: int) -> tuple[list[int], list[int]]:
+    counts = [n // size + (r < n % size) for r in range(size)]
+    displs = [0] * size
+    for r in range(1, size):
+        displs[r] = displs[r - 1] + counts[r - 1]
+    return counts, displs
+
+
+def _scatter_slices(comm: MPI.Comm, words: np.ndarray, red: Reduction, out: np.ndarray | None
+                    ) -> tuple[np.ndarray, list[int], list[int]]:
+    """Reduce-scatter by slices: rank r ends with the reduced slice r (written to ``out``)."""
+    size, me = comm.Get_size(), comm.Get_rank()
+    counts, displs = _split(words.size, size)
+    m = counts[me]
+    rows = np.empty((size, m), np.uint16)
+    comm.Alltoallv([words, (counts, displs), _WORD], [rows, ([m] * size, None), _WORD])
+    seg = out if out is not None else np.empty(m, np.uint16)
+    return reduce_rows(rows, red, size, seg), counts, displs
+
+
+def _gather_all(n: int, size: int) -> bool:
+    """Whether every rank should receive all words (cheaper than two exchanges)."""
+    return size <= 2 or n * 2 <= SMALL_BYTES or n < size
+
+
+def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
+    """In-place all-reduce of the 1-D ``uint16`` array ``words`` (see the module docstring)."""
+    size, n = comm.Get_size(), words.size
+    if n == 0:
+        return
+    if _gather_all(n, size):
+        rows = np.empty((size, n), np.uint16)
+        comm.Allgather([words, _WORD], [rows, _WORD])
+        reduce_rows(rows, red, size, words)
+        return
+    counts, displs = _split(n, size)
+    me = comm.Get_rank()
+    _scatter_slices(comm, words, red, words[displs[me]:displs[me] + counts[me]])
+    comm.Allgatherv(MPI.IN_PLACE, [words, (counts, displs), _WORD])
+
+
+def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int, red: Reduction
+           ) -> None:
+    """Reduce 1-D ``send`` words onto ``root``'s ``recv`` (``recv`` may be ``send`` there)."""
+    size, me, n = comm.Get_size(), comm.Get_rank(), send.size
+    if n == 0:
+        return
+    if _gather_all(n, size):
+        rows = np.empty((size, n), np.uint16) if me == root else None
+        comm.Gather([send, _WORD], [rows, _WORD] if me == root else None, root)
+        if me == root:
+            reduce_rows(rows, red, size, recv)
+        return
+    seg, counts, displs = _scatter_slices(comm, send, red, None)
+    if me == root:
+        recv[displs[me]:displs[me] + counts[me]] = seg
+        comm.Gatherv(MPI.IN_PLACE, [recv, (counts, displs), _WORD], root)
+    else:
+        comm.Gatherv([seg, _WORD], None, root)
+
+
+def reduce_scatter_block(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, red: Reduction) -> None:
+    """Block r of the reduction of 1-D ``send`` (``size * m`` words) into rank r's ``recv``."""
+    size, m = comm.Get_size(), recv.size
+    rows = np.empty((size, m), np.uint16)
+    comm.Alltoall([send, _WORD], [rows, _WORD])
+    reduce_rows(rows, red, size, recv.reshape(-1))
+
+
+def _words(buf: Any) -> np.ndarray:
+    return buf[0].reshape(-1)
+
+
+class Words16:
+    """A communicator stand-in whose reductions run :mod:`lowprec`'s 16-bit algorithms.
+
+    Takes the same arguments as mpi4py's ``Allreduce``/``Reduce``/``Reduce_scatter_block``
+    (``[array, datatype]`` buffer specs, ``MPI.IN_PLACE``); the ``op`` argument is ignored:
+    the :class:`Reduction` decides.
+    """
+
+    def __init__(self, comm: MPI.Comm, red: Reduction) -> None:
+        self.comm = comm
+        self.red = red
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:  # noqa: N802
+        words = _words(recvbuf)
+        if sendbuf is not MPI.IN_PLACE:
+            words[...] = _words(sendbuf)
+        allreduce(self.comm, words, self.red)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = None, root: int = 0) -> None:  # noqa: N802
+        recv = _words(recvbuf) if recvbuf is not None else None
+        send = recv if sendbuf is MPI.IN_PLACE else _words(sendbuf)
+        reduce(self.comm, send, recv, root, self.red)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:  # noqa: N802
+        reduce_scatter_block(self.comm, _words(sendbuf), _words(recvbuf), self.red)
+
+    def Iallreduce(self, *args: Any) -> MPI.Request:  # noqa: N802
+        self.Allreduce(*args)
+        return MPI.REQUEST_NULL
+
+    def Ireduce(self, *args: Any) -> MPI.Request:  # noqa: N802
+        self.Reduce(*args)
+        return MPI.REQUEST_NULL
+
+    def Ireduce_scatter_block(self, *args: Any) -> MPI.Request:  # noqa: N802
+        self.Reduce_scatter_block(*args)
+        return MPI.REQUEST_NULL

@@ -2,8 +2,11 @@
 
 ``plan(op, dtype, call)`` returns the ``MPI.Op`` to call plus the two steps MPI has no
 op for: AVG (a SUM, then a divide by the group size on completion) and PREMUL_SUM (a
-multiply by the factor before a SUM). bool reduces with MPI's logical ops, float16 and
-bfloat16 with user-defined ops that compute in float32.
+multiply by the factor before a SUM). bool reduces with MPI's logical ops. float16 and
+bfloat16 never reach an MPI reduction: their plan carries a :class:`~mpidist.lowprec.Reduction`
+(float32 accumulation, AVG/PREMUL scaling, one rounding) and :meth:`Plan.on` hands the
+collective a communicator stand-in that runs it. Their ``op`` is a (slower, per-step
+rounding) user-defined ``MPI.Op`` kept for code that calls MPI itself.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import errors
+from . import errors, lowprec
 from .buffers import DType
+from .gpu import DeviceView, through_host
 from .lowprec import bf16_to_f32, f32_to_bf16
 
 
@@ -79,6 +83,11 @@ class Plan(NamedTuple):
     op: MPI.Op
     average: bool  # divide by the group size after the SUM
     factor: Any  # multiply inputs by this before the SUM (PREMUL_SUM), else None
+    words: lowprec.Reduction | None = None  # fp16/bf16: the whole reduction, done by lowprec
+
+    def on(self, comm: MPI.Comm) -> Any:
+        """What to call ``Allreduce``/``Reduce``/``Reduce_scatter_block`` (and ``I*``) on."""
+        return comm if self.words is None else lowprec.Words16(comm, self.words)
 
 
 _BASE = {
@@ -158,8 +167,8 @@ def _build(name: str, d: DType, call: str) -> Plan:
     average = name == "AVG"
     if kind == "b":
         return Plan(_BOOL[name], False, None)
-    if kind in ("f16", "bf16"):
-        return Plan(_lowprec(name, kind), average, None)
+    if kind in ("f16", "bf16"):  # scaling happens in float32 inside the reduction
+        return Plan(_lowprec(name, kind), False, None, lowprec.Reduction(kind, _UFUNC[name], average))
     return Plan(_BASE[name], average, None)
 
 
@@ -182,12 +191,24 @@ def plan(op: Any, d: DType, call: str) -> Plan:
             raise errors.value_error(
                 call, f"PREMUL_SUM factor must be a scalar, got shape {factor.shape}"
             )
-        return Plan(p.op, False, factor.reshape(()).item())
+        value = factor.reshape(()).item()
+        if p.words is not None:
+            return p._replace(words=p.words._replace(scale=value))
+        return Plan(p.op, False, value)
     return p
 
 
 def premultiply(arr: np.ndarray, d: DType, factor: Any, out: np.ndarray | None = None) -> np.ndarray:
-    """``factor * arr`` into ``out`` (a new array when ``None``), in ``arr``'s dtype."""
+    """``factor * arr`` into ``out`` (a new array when ``None``), in ``arr``'s dtype.
+
+    On device memory (a :class:`~mpidist.gpu.DeviceView`) it runs on a staged host copy;
+    ``out`` is then ``arr`` itself or ``None`` (a new host array).
+    """
+    if isinstance(arr, DeviceView):
+        if out is None:
+            return through_host(arr, lambda h: premultiply(h, d, factor), False)
+        through_host(arr, lambda h: premultiply(h, d, factor, out=h), True)
+        return out
     if out is None:
         out = np.empty_like(arr)
     if d.kind == "bf16":
@@ -200,8 +221,10 @@ def premultiply(arr: np.ndarray, d: DType, factor: Any, out: np.ndarray | None =
 
 
 def divide(arr: np.ndarray, d: DType, n: int) -> None:
-    """In place ``arr /= n``, the second half of AVG."""
-    if d.kind == "bf16":
+    """In place ``arr /= n``, the second half of AVG (on a staged copy for device memory)."""
+    if isinstance(arr, DeviceView):
+        through_host(arr, lambda h: divide(h, d, n), True)
+    elif d.kind == "bf16":
         f32_to_bf16(bf16_to_f32(arr) / np.float32(n), out=arr)
     elif d.kind == "f16":
         v = arr.view(np.float16)
