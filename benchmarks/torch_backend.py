@@ -1,0 +1,149 @@
+"""The mpidist torch backend against gloo (and raw mpi4py), in one run.
+
+Per-call ``all_reduce`` of float32 tensors (4 B ... 64 MiB by default) through
+``torch.distributed`` on the mpidist default group — synchronous and ``async_op=True``
+— against a gloo group of the same ranks and a bare ``mpi4py`` ``Allreduce``; then the
+time of one DDP step (forward, backward, optimizer) for a small (~10 k parameters) and a
+large (>= 10 M) MLP: gloo, mpidist with overlapped bucket all-reduces (nonblocking MPI
+completed by the progress thread) and mpidist with every bucket reduced synchronously.
+Every figure is the slowest rank's mean over ``--reps`` calls, best of ``--trials``.
+
+    mpiexec -n 4 python benchmarks/torch_backend.py                       # full run
+    mpiexec -n 2 python benchmarks/torch_backend.py --max-bytes 4MiB --reps 20 --large-width 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import mpidist.torch  # noqa: F401
+from mpidist.torch import backend
+
+
+def _bytes(text: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
+    low = text.strip().lower()
+    for u, m in units.items():
+        if low.endswith(u):
+            return int(float(low[: -len(u)]) * m)
+    return int(low)
+
+
+def timed(fn: Callable[[], None], reps: int, trials: int) -> float:
+    """Seconds per call: the slowest rank's mean over ``reps`` calls, best of ``trials``."""
+    best = float("inf")
+    fn()
+    for _ in range(trials):
+        MPI.COMM_WORLD.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        dt = (time.perf_counter() - t0) / reps
+        best = min(best, MPI.COMM_WORLD.allreduce(dt, op=MPI.MAX))
+    return best
+
+
+def allreduce_table(gloo: dist.ProcessGroup, max_bytes: int, reps: int, trials: int) -> list[dict]:
+    rows = []
+    nbytes = 4
+    comm = MPI.COMM_WORLD.Dup()
+    while nbytes <= max_bytes:
+        t = torch.ones(nbytes // 4)
+        arr = t.numpy()
+        n = max(3, min(reps, int(reps * (1 << 16) / max(nbytes, 1 << 16))))
+
+        calls = {
+            "mpi4py_us": lambda arr=arr: comm.Allreduce(MPI.IN_PLACE, [arr, MPI.FLOAT]),
+            "mpidist_us": lambda t=t: dist.all_reduce(t),
+            "mpidist_async_us": lambda t=t: dist.all_reduce(t, async_op=True).wait(),
+            "gloo_us": lambda t=t: dist.all_reduce(t, group=gloo),
+        }
+        row = {"bytes": nbytes, **{k: timed(fn, n, trials) * 1e6 for k, fn in calls.items()}}
+        rows.append(row)
+        nbytes *= 4 if nbytes < (1 << 20) else 2
+    comm.Free()
+    return rows
+
+
+def mlp(width: int, depth: int) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = [torch.nn.Linear(32, width), torch.nn.ReLU()]
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(width, 10))
+    return torch.nn.Sequential(*layers)
+
+
+def ddp_step_time(width: int, depth: int, group: dist.ProcessGroup | None, batch: int, reps: int,
+                  trials: int) -> tuple[int, float]:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(mlp(width, depth), process_group=group)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, 32), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    params = sum(p.numel() for p in model.parameters())
+    return params, timed(step, reps, trials)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-bytes", default="64MiB")
+    ap.add_argument("--reps", type=int, default=200, help="calls per trial for small messages")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--large-width", type=int, default=1600, help="width of the large MLP (4 layers)")
+    ap.add_argument("--ddp-reps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument("--json", help="also write the results here (rank 0)")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("mpidist")
+    gloo = dist.new_group(backend="gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = {"ranks": size, "allreduce": allreduce_table(gloo, _bytes(args.max_bytes), args.reps, args.trials)}
+    ddp = []
+    for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):
+        row: dict = {"model": label}
+        row["params"], row["gloo_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps, args.trials)
+        _, row["mpidist_overlap_ms"] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials)
+        saved, backend.SYNC_BYTES = backend.SYNC_BYTES, 1 << 62
+        try:
+            _, row["mpidist_sync_ms"] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials)
+        finally:
+            backend.SYNC_BYTES = saved
+        for k in ("gloo_ms", "mpidist_overlap_ms", "mpidist_sync_ms"):
+            row[k] *= 1e3
+        ddp.append(row)
+    out["ddp"] = ddp
+    if rank == 0:
+        print(f"all_reduce float32, {size} ranks (us per call, slowest rank)")
+        print(f"{'bytes':>10} {'mpi4py':>10} {'mpidist':>10} {'md async':>10} {'gloo':>10} {'gloo/md':>8}")
+        for r in out["allreduce"]:
+            print(f"{r['bytes']:>10} {r['mpi4py_us']:>10.1f} {r['mpidist_us']:>10.1f} "
+                  f"{r['mpidist_async_us']:>10.1f} {r['gloo_us']:>10.1f} "
+                  f"{r['gloo_us'] / r['mpidist_us']:>8.2f}")
+        print(f"\nDDP step, {size} ranks (ms per step, slowest rank)")
+        print(f"{'model':>6} {'params':>10} {'gloo':>9} {'md overlap':>11} {'md sync':>9} "
+              f"{'gloo/overlap':>12}")
+        for r in ddp:
+            print(f"{r['model']:>6} {r['params']:>10} {r['gloo_ms']:>9.2f} {r['mpidist_overlap_ms']:>11.2f} "
+                  f"{r['mpidist_sync_ms']:>9.2f} {r['gloo_ms'] / r['mpidist_overlap_ms']:>12.2f}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(out, fh, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""``MpidistProcessGroup``: a torch ``ProcessGroup`` whose every method is one mpidist call.
+
+torch calls the registered creator once per group, on the group's members only, with the
+global ranks of the group (none for the default group). The default group gets a
+duplicate of mpidist's world communicator; a subgroup gets ``MPI_Comm_create_group`` over
+its members (no non-member takes part), tagged by the group's name so that groups with
+overlapping members being created at once never match each other's messages.
+
+Each method converts torch's options (root rank, ``ReduceOp``) and calls the mpidist
+collective on the group's :class:`mpidist.ProcessGroup`. A call torch makes synchronously
+(``opts.asyncOp`` false, e.g. ``dist.all_reduce(t)``) runs the blocking MPI routine and
+returns finished work; an asynchronous one (DDP's buckets, ``async_op=True``) runs the
+nonblocking ``MPI_I*`` routine and the progress thread completes its future, except for
+messages of at most :data:`SYNC_BYTES`, where the blocking call was measured faster.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as tdist
+from mpi4py import MPI
+
+from .. import collectives, errors, failure, groups, p2p
+from .. import world as mworld
+from ..groups import ProcessGroup as MpiGroup
+from ..ops import ReduceOp, make_premul_sum
+from ..work import seconds
+from . import work as twork
+
+#: Backend name for ``init_process_group``.
+NAME = "mpidist"
+#: Asynchronous collectives of at most this many bytes run the blocking MPI call.
+SYNC_BYTES = int(os.environ.get("MPIDIST_TORCH_SYNC_BYTES", "0"))
+
+
+_OPS: dict[Any, ReduceOp] = {}
+
+
+def _torch_op(reduce_op: Any) -> ReduceOp:
+    """torch's ``ReduceOp`` (``.op`` the kind, ``.factor`` for PREMUL_SUM) as mpidist's."""
+    kind = reduce_op.op
+    op = _OPS.get(kind)
+    if op is None:
+        if kind.name == "PREMUL_SUM":
+            return make_premul_sum(reduce_op.factor)
+        op = _OPS[kind] = getattr(ReduceOp, kind.name)
+    return op
+
+
+def _nbytes(tensors: Sequence[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+class MpidistProcessGroup(tdist.ProcessGroup):
+    """A torch process group on one mpidist :class:`~mpidist.groups.ProcessGroup`.
+
+    ``mpi_group`` is the mpidist group (``mpi_group.comm`` the raw communicator).
+    """
+
+    def __init__(self, mpi_group: MpiGroup, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.mpi_group = mpi_group
+        self._name = mpi_group.group_name
+        self._desc = mpi_group.group_desc
+        self._timeout = seconds(mpi_group.timeout)
+
+    # names: functional collectives and DeviceMesh look groups up by name
+    def getBackendName(self) -> str:  # noqa: N802 - torch's method names
+        return NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    def name(self) -> str:
+        return NAME
+
+    def __repr__(self) -> str:
+        return f"<MpidistProcessGroup {self._name!r} ranks={list(self.mpi_group.ranks)}>"
+
+    # the one path every collective takes
+    def _run(self, call: str, opts: Any, nbytes: Callable[[], int], value: Any, fn: Callable[..., Any],
+             args: Sequence[tuple], **kw: Any) -> twork.Work:
+        """``fn(*a, group=..., **kw)`` for each ``a`` in ``args``: blocking, or nonblocking with a future."""
+        g = self.mpi_group
+        if not getattr(opts, "asyncOp", True) or (SYNC_BYTES and nbytes() <= SYNC_BYTES):
+            for a in args:
+                fn(*a, group=g, **kw)
+            return twork.done(value)
+        works = [w for w in (fn(*a, group=g, async_op=True, **kw) for a in args) if w is not None]
+        return twork.pending(works, value, call, self._timeout)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> twork.Work:
+        opts = opts or tdist.AllreduceOptions()
+        op = _torch_op(opts.reduceOp)
+        return self._run("allreduce", opts, lambda: _nbytes(tensors), tensors,
+                         collectives.all_reduce, [(t, op) for t in tensors])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> twork.Work:
+        return self.allreduce(tensors, opts or tdist.AllreduceCoalescedOptions())
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> twork.Work:
+        opts = opts or tdist.BroadcastOptions()
+        return self._run("broadcast", opts, lambda: _nbytes(tensors), tensors,
+                         collectives.broadcast, [(t,) for t in tensors], group_src=opts.rootRank)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> twork.Work:
+        opts = opts or tdist.ReduceOptions()
+        return self._run("reduce", opts, lambda: _nbytes(tensors), tensors, collectives.reduce,
+                         [(t,) for t in tensors], op=_torch_op(opts.reduceOp), group_dst=opts.rootRank)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: Any = None) -> twork.Work:
+        opts = opts or tdist.AllgatherOptions()
+        return self._run("allgather", opts, lambda: _nbytes(input_tensors) * self.size(), output_tensors,
+                         collectives.all_gather, list(zip(output_tensors, input_tensors)))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts: Any = None) -> twork.Work:
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                        opts: Any = None) -> twork.Work:
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          opts: Any = None) -> twork.Work:
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> twork.Work:
+        opts = opts or tdist.AllgatherOptions()
+        return self._run("all_gather_into_tensor", opts, lambda: _nbytes(outputs), outputs,
+                         collectives.all_gather_into_tensor, list(zip(outputs, inputs)))
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> twork.Work:
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: Any = None) -> twork.Work:
+        opts = opts or tdist.ReduceScatterOptions()
+        op = _torch_op(opts.reduceOp)
+        return self._run("reduce_scatter", opts, lambda: _nbytes(output_tensors) * self.size(),
+                         output_tensors, collectives.reduce_scatter,
+                         [(o, i, op) for o, i in zip(output_tensors, input_tensors)])
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                             opts: Any = None) -> twork.Work:
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                              opts: Any = None) -> twork.Work:
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> twork.Work:
+        opts = opts or tdist.ReduceScatterOptions()
+        op = _torch_op(opts.reduceOp)
+        return self._run("reduce_scatter_tensor", opts, lambda: _nbytes(inputs), outputs,
+                         collectives.reduce_scatter_tensor, [(o, i, op) for o, i in zip(outputs, inputs)])
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> twork.Work:
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> twork.Work:
+        opts = opts or tdist.GatherOptions()
+        root = opts.rootRank
+        outs = output_tensors[0] if self.rank() == root and output_tensors else None
+        return self._run("gather", opts, lambda: _nbytes(input_tensors) * self.size(), output_tensors,
+                         collectives.gather, [(input_tensors[0], outs)], group_dst=root)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> twork.Work:
+        opts = opts or tdist.ScatterOptions()
+        root = opts.rootRank
+        ins = input_tensors[0] if self.rank() == root and input_tensors else None
+        return self._run("scatter", opts, lambda: _nbytes(output_tensors) * self.size(), output_tensors,
+                         collectives.scatter, [(output_tensors[0], ins)], group_src=root)
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> twork.Work:
+        opts = opts or tdist.AllToAllOptions()
+        return self._run("alltoall", opts, lambda: _nbytes(input_tensors), output_tensors,
+                         collectives.all_to_all, [(output_tensors, input_tensors)])
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> twork.Work:
+        opts = opts or tdist.AllToAllOptions()
+        return self._run("all_to_all_single", opts, lambda: _nbytes([input]), [output],
+                         collectives.all_to_all_single,
+                         [(output, input, list(output_split_sizes), list(input_split_sizes))])
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: Any = None) -> twork.Work:
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def barrier(self, opts: Any = None) -> twork.Work:
+        opts = opts or tdist.BarrierOptions()
+        return self._run("barrier", opts, lambda: 0, [], collectives.barrier, [()])
+
+    # point to point: always nonblocking (a blocking send could deadlock a paired exchange)
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> twork.Work:
+        g = self.mpi_group
+        works = [p2p.isend(t, group=g, tag=tag, group_dst=dst) for t in tensors]
+        return twork.pending(works, tensors, "send", self._timeout)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> twork.Work:
+        g = self.mpi_group
+        works = [p2p.irecv(t, group=g, tag=tag, group_src=src) for t in tensors]
+        return twork.pending(works, tensors, "recv", self._timeout, source=lambda: src)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> twork.Work:
+        g = self.mpi_group
+        works = [p2p.irecv(t, group=g, tag=tag) for t in tensors]
+        return twork.pending(works, tensors, "recv", self._timeout,
+                             source=lambda: works[0].source_rank())
+
+    def shutdown(self) -> None:
+        """Free the communicator (torch calls it from ``destroy_process_group``)."""
+        if self.mpi_group.comm is not None:
+            groups.free(self.mpi_group)
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+_builder: dict[str, Any] = {}
+
+
+def _real_stderr_excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
+    # torch.distributed wraps sys.excepthook and points sys.stderr at a StringIO while
+    # the wrapped hook runs; MPI_Abort would then swallow the traceback.
+    if sys.__stderr__ is not None:
+        sys.stderr = sys.__stderr__
+    failure._excepthook(exc_type, exc, tb)
+
+
+def install_abort_hook() -> None:
+    """Make an uncaught exception on any rank abort the job (unless ``MPIDIST_ABORT_ON_ERROR=0``)."""
+    if not failure.enabled_by_env() or MPI.COMM_WORLD.Get_size() == 1:
+        return
+    failure.install()
+    if sys.excepthook is failure._excepthook:
+        sys.excepthook = _real_stderr_excepthook
+
+
+def _world(opts: Any) -> MpiGroup:
+    """mpidist's world (initialised here if the user has not), checked against torch's view."""
+    if not mworld.is_initialized():
+        mworld.init_process_group("mpi", timeout=opts.timeout, abort_on_error=False)
+    w = groups.world("init_process_group")
+    if (opts.group_rank, opts.group_size) != (w._rank, w._size):
+        raise errors.value_error(
+            "init_process_group", f"torch gives this process rank {opts.group_rank} of "
+            f"{opts.group_size}, but MPI gives rank {w._rank} of {w._size}; MPI is the source of "
+            "truth (drop rank=/world_size=/RANK/WORLD_SIZE or make them agree with mpiexec)"
+        )
+    return w
+
+
+def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
+    """The creator torch calls (``extended_api=True``), on members only."""
+    timeout = opts.timeout if isinstance(opts.timeout, timedelta) else None
+    ranks = list(opts.global_ranks_in_group)
+    name, desc = str(opts.group_id), "default_pg" if not ranks else "undefined"
+    if not ranks:
+        w = _world(opts)
+        comm = w.comm.Dup()
+        _builder["comm"] = w.comm.Dup()  # subgroups are carved from this one
+        ranks = list(w.ranks)
+        install_abort_hook()
+    else:
+        parent = _builder.get("comm")
+        if parent is None:
+            raise errors.runtime_error("new_group", "the mpidist default group is not initialised")
+        world_group = parent.Get_group()
+        sub = world_group.Incl(ranks)
+        try:
+            comm = parent.Create_group(sub, tag=zlib.crc32(name.encode()) % 32768)
+        finally:
+            sub.Free()
+            world_group.Free()
+    pg = groups._new(comm, ranks, name, desc, timeout)
+    if pg._rank != opts.group_rank:
+        raise errors.runtime_error("new_group", f"MPI rank {pg._rank} != torch group rank {opts.group_rank}")
+    return MpidistProcessGroup(pg, opts.group_rank, opts.group_size)

@@ -1,0 +1,126 @@
+"""torch's rendezvous from MPI: rank, world size and a real store, with no variables set.
+
+torch wants a store plus rank and world size, or the ``env://`` variables. Under an MPI
+launcher all of it follows from MPI: :func:`install` wraps torch's ``env://`` handler so
+that, when ``MASTER_ADDR``/``MASTER_PORT`` are not set, rank 0 starts a ``TCPStore`` on a
+free port and broadcasts its address with ``MPI_Bcast``. Rank and size come from
+``MPI_COMM_WORLD``; a ``RANK``/``WORLD_SIZE`` (variable or argument) that disagrees with
+MPI raises ``ValueError``. With the variables set, torch's own handler runs unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from datetime import timedelta
+from typing import Any, Iterator
+from urllib.parse import parse_qs, urlsplit
+
+from mpi4py import MPI
+
+from .. import errors
+
+CALL = "init_process_group"
+
+
+def local_rank_and_size() -> tuple[int, int]:
+    """This process's rank among the ranks of its node (``MPI_COMM_TYPE_SHARED``)."""
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def _stated(url: str) -> dict[str, int]:
+    out = {}
+    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+        values = parse_qs(urlsplit(url).query).get(key)
+        text = values[-1] if values else os.environ.get(var, "").strip()
+        if text:
+            try:
+                out[key] = int(text)
+            except ValueError:
+                raise errors.value_error(CALL, f"{var}={text!r} is not an integer") from None
+    return out
+
+
+def check_identity(rank: int, world_size: int) -> None:
+    """``rank``/``world_size`` (``-1``: not stated) must equal MPI's."""
+    me, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    for what, value, actual in (("world_size", world_size, size), ("rank", rank, me)):
+        if value not in (-1, None) and value != actual:
+            raise errors.value_error(
+                CALL, f"{what}={value} disagrees with MPI, which gives this process {what}={actual}; "
+                "MPI is the source of truth (start the job with mpiexec -n N, or drop the setting)"
+            )
+
+
+def export_environment() -> None:
+    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from MPI where unset."""
+    local, local_size = local_rank_and_size()
+    for var, value in (("RANK", MPI.COMM_WORLD.Get_rank()), ("WORLD_SIZE", MPI.COMM_WORLD.Get_size()),
+                       ("LOCAL_RANK", local), ("LOCAL_WORLD_SIZE", local_size)):
+        os.environ.setdefault(var, str(value))
+
+
+def _host_for_peers(comm: MPI.Intracomm) -> str:
+    """Loopback when every rank shares rank 0's node, else rank 0's host name."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        single_node = node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()
+    return "127.0.0.1" if single_node else socket.getfqdn()
+
+
+def mpi_store(timeout: timedelta) -> Any:
+    """A ``TCPStore`` served by rank 0 on a free port, its address sent by ``MPI_Bcast``."""
+    from torch.distributed import TCPStore
+
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    host = _host_for_peers(comm)
+    if comm.Get_rank() == 0:
+        error = None
+        try:
+            store = TCPStore(host, 0, size, True, timeout=timeout, wait_for_workers=False)
+            address: Any = (host, store.port)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn that it failed
+            error, address = exc, None
+        address = comm.bcast(address, 0)
+        if error is not None:
+            raise error
+        return store
+    address = comm.bcast(None, 0)
+    if address is None:
+        raise errors.runtime_error(CALL, "rank 0 could not start the TCPStore; see its error")
+    return TCPStore(address[0], address[1], size, False, timeout=timeout)
+
+
+def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        yield from _original(url, timeout=timeout, **kwargs)
+        return
+    stated = _stated(url)
+    check_identity(stated.get("rank", -1), stated.get("world_size", -1))
+    export_environment()
+    store = mpi_store(timeout)
+    yield store, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    raise RuntimeError("env:// rendezvous from MPI cannot re-rendezvous")
+
+
+_original: Any = None
+
+
+def install() -> None:
+    """Route torch's ``env://`` rendezvous through :func:`_env_handler` (idempotent)."""
+    global _original
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+
+    current = rdzv._rendezvous_handlers.get("env")
+    if current is _env_handler:
+        return
+    _original = current
+    rdzv._rendezvous_handlers["env"] = _env_handler

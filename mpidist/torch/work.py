@@ -1,0 +1,92 @@
+"""The torch ``Work`` that mpidist's process group returns, and its self-completing future.
+
+A :class:`Work` wraps either a finished operation (the blocking path: its future is
+already set) or a :class:`~mpidist.torch.progress.Pending` one that the progress thread
+completes, so ``get_future()`` works for DDP, which waits on the future from C++.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as tdist
+
+from ..work import Work as MpiWork
+from ..work import seconds
+from .progress import Pending, engine
+
+
+class Work(tdist.Work):
+    """A torch ``Work`` over mpidist work: ``wait``, ``is_completed``, ``get_future``, ``result``."""
+
+    def __init__(self, future: torch.futures.Future | None, pending: Pending | None = None,
+                 timeout: float | None = None, source: Callable[[], int] | None = None,
+                 value: Any = None) -> None:
+        super().__init__()
+        self._future = future
+        self._value = value
+        self._pending = pending
+        self._timeout = timeout
+        self._source = source
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until done. ``timeout`` (0 or ``None``: the group's) ends the wait with ``RuntimeError``."""
+        p = self._pending
+        if p is not None and not p.done:
+            limit = seconds(timeout) if timeout else self._timeout
+            engine.wait(p, limit)
+        elif p is not None and p.error is not None:
+            raise p.error
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        p = self._pending
+        if p is not None and not p.done:
+            engine.poll()
+        return p is None or p.done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and (self._pending is None or self._pending.error is None)
+
+    def exception(self) -> BaseException | None:
+        return None if self._pending is None else self._pending.error
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:  # finished work: made on demand, most callers never ask
+            self._future = torch.futures.Future()
+            self._future.set_result(self._value)
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        value = self.get_future().value()
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if self._source is None:
+            raise RuntimeError("source_rank() is only defined for a recv from any source")
+        return self._source()
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
+
+def done(value: Any) -> Work:
+    """A finished :class:`Work` whose future holds ``value``."""
+    return Work(None, value=value)
+
+
+def pending(works: Sequence[MpiWork], value: Any, call: str, timeout: float | None,
+            on_done: Callable[[], None] | None = None,
+            source: Callable[[], int] | None = None) -> Work:
+    """A :class:`Work` over started mpidist ``works``, completed by the progress thread."""
+    fut: torch.futures.Future = torch.futures.Future()
+    p = Pending(works, fut, value, call, on_done)
+    engine.submit(p)
+    return Work(fut, p, timeout, source)
