@@ -89,7 +89,7 @@ def _lookup(dtype: np.dtype, call: str, arg: str) -> DType:
     raise _unsupported(call, arg, str(dtype))
 
 
-def _from_torch(t: Any, call: str, arg: str) -> tuple[np.ndarray, DType]:
+def _from_torch(t: Any, call: str, arg: str, writable: bool = False) -> tuple[np.ndarray, DType]:
     t = t.detach()
     name = str(t.dtype).rpartition(".")[2]
     if name == "bfloat16":
@@ -99,6 +99,11 @@ def _from_torch(t: Any, call: str, arg: str) -> tuple[np.ndarray, DType]:
     if name not in _TORCH_VIA_NUMPY:
         raise _unsupported(call, arg, f"torch.{name}")
     if t.is_conj():
+        if writable:  # the result would land in resolve_conj()'s copy and be lost
+            raise errors.value_error(
+                call, f"argument '{arg}' is a lazily conjugated view and receives the result; "
+                "pass tensor.resolve_conj()"
+            )
         t = t.resolve_conj()  # a lazily conjugated view has no plain buffer
     arr = t.numpy()
     return arr, _BY_NUMPY[arr.dtype]
@@ -126,7 +131,7 @@ def _convert_other(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndar
         return arr, _lookup(arr.dtype, call, arg)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cpu":
-        return _from_torch(x, call, arg)
+        return _from_torch(x, call, arg, writable)
     dev = gpu.inspect(x, call, arg)
     if dev is not None:
         return _from_device(dev, call, arg, writable)

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import errors
-from .buffers import DType, address, as_buffer, as_buffers, joined, same_dtype
+from . import debug, errors
+from .buffers import DType, address, as_buffer, as_buffers, complete, joined, same_dtype
 from .groups import ProcessGroup, group_rank_of, resolve
 from .ops import ReduceOp, divide, plan, premultiply
 from .work import Work, seconds
@@ -27,6 +27,9 @@ def issue(pg: ProcessGroup, call: str, async_op: bool, blocking: Callable[..., A
           nonblocking: Callable[..., MPI.Request], args: tuple, post: Callable[[], None] | None = None,
           output: Any = None) -> Work | None:
     """Run ``blocking(*args)`` then ``post()``, or start ``nonblocking(*args)`` as a Work."""
+    if debug.LEVEL:
+        debug.check(pg)  # DETAIL: all ranks agree on the call before MPI sees it
+    post = complete(post, output)  # staged GPU buffers: copy back, return to the pool
     if async_op:
         return Work((nonblocking(*args),), call, post, output, seconds(pg.timeout), keep=args)
     blocking(*args)
@@ -100,13 +103,15 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     Example: ranks 0..3 each pass ``np.full(2, rank)``; with ``SUM`` every rank ends
     with ``[6, 6]``.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(all_reduce, "all_reduce", locals())
     call = "all_reduce"
     pg = resolve(group, call)
     arr, d = as_buffer(tensor, call, "tensor", True)
     p = plan(op, d, call)
     if p.factor is not None:
         premultiply(arr, d, p.factor, out=arr)
-    comm = pg.comm
+    comm = p.on(pg.comm)
     return issue(pg, call, async_op, comm.Allreduce, comm.Iallreduce,
                  (IN_PLACE, [arr, d.mpi], p.op), _average(p, arr, d, pg._size), tensor)
 
@@ -114,6 +119,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` from rank ``src`` (global) or ``group_src`` to every rank (``MPI_Bcast``)."""
+    if debug.LEVEL and debug.outermost():
+        return debug.run(broadcast, "broadcast", locals())
     call = "broadcast"
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
@@ -128,13 +135,15 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
 
     Other ranks' tensors are left as they were.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(reduce, "reduce", locals())
     call = "reduce"
     pg = resolve(group, call)
     root = group_rank_of(pg, dst, group_dst, call, "dst")
     is_root = pg._rank == root
     arr, d = as_buffer(tensor, call, "tensor", is_root)
     p = plan(op, d, call)
-    comm = pg.comm
+    comm = p.on(pg.comm)
     if is_root:
         if p.factor is not None:
             premultiply(arr, d, p.factor, out=arr)
@@ -153,6 +162,8 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None,
     ``tensor_list[i]`` receives rank i's tensor; entries may differ in size
     (``MPI_Allgatherv``), but ``tensor_list[rank]`` must match ``tensor``.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(all_gather, "all_gather", locals())
     call = "all_gather"
     pg = resolve(group, call)
     inp, d = as_buffer(tensor, call, "tensor", False)
@@ -186,6 +197,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     ``output_tensor`` holds ``world_size * input_tensor.numel()`` elements, rank-major
     (shape ``(world_size * n, ...)`` or ``(world_size, n, ...)``).
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(all_gather_into_tensor, "all_gather_into_tensor", locals())
     call = "all_gather_into_tensor"
     pg = resolve(group, call)
     inp, d = as_buffer(input_tensor, call, "input_tensor", False)
@@ -215,6 +228,8 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     Only the destination passes ``gather_list`` (one array per rank, each the size of
     ``tensor``); the others pass ``None``.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(gather, "gather", locals())
     call = "gather"
     pg = resolve(group, call)
     root = group_rank_of(pg, dst, group_dst, call, "dst")
@@ -249,6 +264,8 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     Only the source passes ``scatter_list`` (one array per rank, each the size of
     ``tensor``); the others pass ``None``.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(scatter, "scatter", locals())
     call = "scatter"
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
@@ -283,7 +300,7 @@ def _reduce_scatter(pg: ProcessGroup, call: str, out: np.ndarray, send: np.ndarr
         def copy_back() -> None:
             out[...] = recv
         post = _chain(copy_back, post)
-    comm = pg.comm
+    comm = p.on(pg.comm)
     return issue(pg, call, async_op, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
                  ([send, d.mpi], [recv, d.mpi], p.op), post, output)
 
@@ -291,6 +308,8 @@ def _reduce_scatter(pg: ProcessGroup, call: str, out: np.ndarray, send: np.ndarr
 def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM, group: Any = None,
                    async_op: bool = False) -> Work | None:
     """Reduce ``input_list[i]`` over ranks into rank i's ``output`` (``MPI_Reduce_scatter_block``)."""
+    if debug.LEVEL and debug.outermost():
+        return debug.run(reduce_scatter, "reduce_scatter", locals())
     call = "reduce_scatter"
     pg = resolve(group, call)
     out, d = as_buffer(output, call, "output", True)
@@ -310,6 +329,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
 
     ``input`` holds ``world_size * output.numel()`` elements, rank-major.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(reduce_scatter_tensor, "reduce_scatter_tensor", locals())
     call = "reduce_scatter_tensor"
     pg = resolve(group, call)
     out, d = as_buffer(output, call, "output", True)
@@ -343,6 +364,8 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
 
     Becomes ``MPI_Alltoall`` for equal sizes, ``MPI_Alltoallv`` otherwise.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(all_to_all, "all_to_all", locals())
     call = "all_to_all"
     pg = resolve(group, call)
     outs = as_buffers(output_tensor_list, call, "output_tensor_list", True, pg._size)
@@ -387,6 +410,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
 
     Equal splits become ``MPI_Alltoall``; ``*_split_sizes`` (rows per rank) ``MPI_Alltoallv``.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(all_to_all_single, "all_to_all_single", locals())
     call = "all_to_all_single"
     pg = resolve(group, call)
     out, d = as_buffer(output, call, "output", True)
@@ -410,6 +435,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
     """Block until every rank of the group arrives (``MPI_Barrier`` / ``MPI_Ibarrier``)."""
+    if debug.LEVEL and debug.outermost():
+        return debug.run(barrier, "barrier", locals())
     call = "barrier"
     pg = resolve(group, call)
     comm = pg.comm

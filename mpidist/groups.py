@@ -8,6 +8,7 @@ as in torch.distributed, but only the members take part in MPI's creation call
 
 from __future__ import annotations
 
+import hashlib
 import operator
 from datetime import timedelta
 from typing import Any, Iterable, Sequence
@@ -89,7 +90,7 @@ class _Registry:
 
     world: ProcessGroup | None = None
     live: dict[int, ProcessGroup] = {}
-    created = 0
+    names: dict[tuple[int, ...], int] = {}
     was_destroyed = False
 
 
@@ -171,10 +172,17 @@ def group_rank_of(pg: ProcessGroup, global_rank: Any, grp_rank: Any, call: str, 
     return r
 
 
-def _next_name() -> str:
-    """Group names are a counter every rank advances, members or not, so names agree."""
-    registry.created += 1
-    return str(registry.created)
+def _next_name(ranks: Sequence[int]) -> str:
+    """A name every member agrees on: a hash of the members' global ranks and a count.
+
+    The count is how many groups of exactly these ranks this rank made before; members
+    always create their groups together, so their counts agree even when other ranks
+    (non-members, or ranks outside a subgroup being split) take no part.
+    """
+    key = tuple(ranks)
+    count = registry.names.get(key, 0)
+    registry.names[key] = count + 1
+    return f"{hashlib.blake2b(repr(key).encode(), digest_size=4).hexdigest()}.{count}"
 
 
 def _new(comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str | None,
@@ -186,7 +194,7 @@ def _new(comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str | None,
 
 def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
     """The default group: a duplicate of ``MPI_COMM_WORLD`` (never the user's own handle)."""
-    registry.created = 0
+    registry.names = {}
     comm = MPI.COMM_WORLD.Dup()
     return _new(comm, range(comm.Get_size()), name or "default_pg", "default_pg", timeout)
 
@@ -220,13 +228,15 @@ def _check_ranks(ranks: Iterable[Any], size: int, call: str, what: str = "ranks"
 def _create(parent: ProcessGroup, members: list[int], desc: str | None,
             timeout: timedelta | None) -> ProcessGroup | _NonGroupMember:
     """Group of ``members`` (group ranks of ``parent``); only members take part in MPI."""
-    name = _next_name()
     if parent._rank not in members:
         return GroupMember.NON_GROUP_MEMBER
+    name = _next_name([parent.ranks[r] for r in members])
     parent_group = parent.comm.Get_group()
     sub = parent_group.Incl(members)
     try:
-        comm = parent.comm.Create_group(sub, tag=registry.created % 32768)
+        # A fixed tag: only the members call, so no counter is sure to agree among them
+        # (split_group on a subgroup advances only its members'); calls are sequential per rank.
+        comm = parent.comm.Create_group(sub, tag=0)
     finally:
         sub.Free()
         parent_group.Free()
@@ -333,14 +343,15 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: Sequence[Seq
     if not split_ranks:
         raise errors.value_error(call, "split_ranks must list at least one group of ranks")
     spans = [_check_ranks(r, parent._size, call, "split_ranks") for r in split_ranks]
+    if not all(spans):
+        raise errors.value_error(call, f"split_ranks={split_ranks!r} contains an empty group")
     _disjoint(spans, call)
-    name = _next_name()
     color = next((i for i, s in enumerate(spans) if parent._rank in s), MPI.UNDEFINED)
     comm = parent.comm.Split(color, parent._rank)
     if comm == MPI.COMM_NULL:
         return None
-    return _new(comm, [parent.ranks[r] for r in spans[color]], name, group_desc,
-                timeout or parent.timeout)
+    ranks = [parent.ranks[r] for r in spans[color]]
+    return _new(comm, ranks, _next_name(ranks), group_desc, timeout or parent.timeout)
 
 
 def _member(grp: Any, call: str) -> ProcessGroup:

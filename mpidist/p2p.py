@@ -13,12 +13,13 @@ from typing import Any, Callable
 from mpi4py import MPI
 
 from . import errors
-from .buffers import as_buffer
+from .buffers import as_buffer, complete
 from .groups import ProcessGroup, group_rank_of, resolve
 from .work import Work, seconds
 
-#: Largest tag a user may pass (half of MPI's ``MPI_TAG_UB``: tags are shared with objects).
-MAX_TAG = (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 1) // 2
+#: Largest tag a user may pass (half of MPI's ``MPI_TAG_UB``: tags are shared with objects;
+#: the top pair of MPI tags belongs to ``monitored_barrier``).
+MAX_TAG = (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 1) // 2 - 1
 
 
 def mpi_tag(tag: Any, call: str, channel: int = 0) -> int:
@@ -67,7 +68,10 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     call = "send"
     pg = resolve(group, call)
     arr, d = as_buffer(tensor, call, "tensor", False)
+    finish = complete(None, None)  # a staged GPU buffer goes back to the pool once sent
     pg.comm.Send([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"), mpi_tag(tag, call))
+    if finish is not None:
+        finish()
 
 
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -81,11 +85,14 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     arr, d = as_buffer(tensor, call, "tensor", True)
     source = peer_rank(pg, src, group_src, call, "src", any_source=True)
     status = MPI.Status()
+    finish = complete(None, tensor)  # a staged GPU buffer: copy the message back to the device
     try:
         pg.comm.Recv([arr, d.mpi], source, mpi_tag(tag, call), status)
     except MPI.Exception as exc:
         raise _truncated(exc, arr, call) from exc
     _check_count(arr, status, call, pg, d)
+    if finish is not None:
+        finish()
     return pg.ranks[status.Get_source()]
 
 
@@ -97,7 +104,7 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     arr, d = as_buffer(tensor, call, "tensor", False)
     req = pg.comm.Isend([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"),
                         mpi_tag(tag, call))
-    return Work((req,), call, output=tensor, timeout=seconds(pg.timeout), keep=arr)
+    return Work((req,), call, complete(None, None), tensor, seconds(pg.timeout), keep=arr)
 
 
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -112,7 +119,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     source = peer_rank(pg, src, group_src, call, "src", any_source=True)
     status = MPI.Status()
     req = pg.comm.Irecv([arr, d.mpi], source, mpi_tag(tag, call))
-    return Work((req,), call, lambda: _check_count(arr, status, call, pg, d), tensor,
+    return Work((req,), call, complete(lambda: _check_count(arr, status, call, pg, d), tensor), tensor,
                 seconds(pg.timeout), keep=arr, statuses=[status])
 
 

@@ -1,0 +1,285 @@
+"""Collectives on the world group, blocking and async, checked against numpy on known inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collective_cases import run_all
+from conftest import gathered, rank_data
+
+
+def assert_all_ranks_ok(dist, bad: list[str]) -> None:
+    """Fail on every rank if any rank saw a mismatch (keeps the ranks in step)."""
+    everyone = gathered(dist, bad)
+    assert not any(everyone), {r: b for r, b in enumerate(everyone) if b}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_every_collective_on_world(dist, size, async_op):
+    bad = run_all(dist, None, list(range(size)), async_op)
+    assert_all_ranks_ok(dist, bad)
+
+
+@pytest.mark.mpi
+def test_every_collective_on_group_world_object(dist, size):
+    bad = run_all(dist, dist.group.WORLD, list(range(size)), False)
+    assert dist.GroupMember.WORLD is dist.group.WORLD
+    assert_all_ranks_ok(dist, bad)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 0, 3)], ids=["0d", "empty", "1d", "empty3d"])
+def test_all_reduce_shapes(dist, rank, size, shape):
+    t = rank_data(rank, shape, np.float64)
+    dist.all_reduce(t)
+    np.testing.assert_allclose(t, sum(rank_data(r, shape, np.float64) for r in range(size)))
+
+
+@pytest.mark.mpi
+def test_all_reduce_returns_same_object_and_keeps_shape(dist, rank, size):
+    base = rank_data(rank, (3, 4), np.float32)
+    t = base.copy()
+    assert dist.all_reduce(t, dist.ReduceOp.MIN) is None
+    assert t.shape == (3, 4) and t.dtype == np.float32
+    np.testing.assert_array_equal(t, np.min([rank_data(r, (3, 4), np.float32) for r in range(size)], 0))
+
+
+@pytest.mark.mpi
+def test_broadcast_root_array_untouched_and_readonly_root_ok(dist, rank, size):
+    src = size - 1
+    t = rank_data(rank, (4,), np.int32)
+    if rank == src:
+        t.setflags(write=False)  # the root only reads
+    dist.broadcast(t, src=src)
+    np.testing.assert_array_equal(t, rank_data(src, (4,), np.int32))
+
+
+@pytest.mark.mpi
+def test_gather_into_chunks_and_in_place(dist, rank, size):
+    dst = size // 2
+    whole = np.zeros((size, 3), np.float32)
+    mine = rank_data(rank, (3,), np.float32)
+    lst = list(whole) if rank == dst else None
+    if rank == dst:
+        whole[rank] = mine
+        dist.gather(whole[rank], lst, dst=dst)  # tensor is its own slot: MPI_IN_PLACE
+    else:
+        dist.gather(mine, lst, dst=dst)
+    if rank == dst:
+        np.testing.assert_array_equal(whole, np.stack([rank_data(r, (3,), np.float32) for r in range(size)]))
+
+
+@pytest.mark.mpi
+def test_scatter_in_place_and_from_chunks(dist, rank, size):
+    src = 0
+    full = np.stack([rank_data(r, (3,), np.float64, seed=4) for r in range(size)])
+    if rank == src:
+        buf = full.copy()
+        dist.scatter(buf[src], list(buf), src=src)  # the root's output is its own slot
+        np.testing.assert_array_equal(buf, full)
+    else:
+        t = np.zeros(3)
+        dist.scatter(t, None, src=src)
+        np.testing.assert_array_equal(t, full[rank])
+
+
+@pytest.mark.mpi
+def test_reduce_scatter_tensor_output_inside_input(dist, rank, size):
+    inp = np.concatenate([rank_data(rank, (2,), np.float64, seed=j) for j in range(size)])
+    want = sum(rank_data(r, (2,), np.float64, seed=rank) for r in range(size))
+    out = inp[2 * rank:2 * rank + 2]  # overlapping send/recv: staged internally
+    dist.reduce_scatter_tensor(out, inp)
+    np.testing.assert_allclose(out, want)
+
+
+@pytest.mark.mpi
+def test_reduce_scatter_chunked_input_and_premul(dist, rank, size):
+    factor = 0.5
+    whole = np.stack([rank_data(rank, (3,), np.float32, seed=j) for j in range(size)])
+    out = np.zeros(3, np.float32)
+    dist.reduce_scatter(out, list(whole), op=dist.make_premul_sum(factor))
+    want = sum(factor * rank_data(r, (3,), np.float32, seed=rank) for r in range(size))
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+    # the caller's inputs are not scaled in place
+    np.testing.assert_array_equal(whole[0], rank_data(rank, (3,), np.float32, seed=0))
+
+
+@pytest.mark.mpi
+def test_all_to_all_single_1d_default_splits_async(dist, rank, size):
+    inp = np.arange(size * 2, dtype=np.int64) + 100 * rank
+    out = np.empty_like(inp)
+    w = dist.all_to_all_single(out, inp, async_op=True)
+    assert w.wait()
+    want = np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * j for j in range(size)])
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.mpi
+def test_all_to_all_equal_separate_lists(dist, rank, size):
+    ins = [np.full((2, 2), 10 * rank + j, np.uint8) for j in range(size)]
+    outs = [np.zeros((2, 2), np.uint8) for _ in range(size)]
+    dist.all_to_all(outs, ins)
+    for j in range(size):
+        np.testing.assert_array_equal(outs[j], np.full((2, 2), 10 * j + rank, np.uint8))
+
+
+# -- Work / Future ---------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+def test_work_api_all_reduce(dist, rank, size):
+    t = np.full(3, rank + 1.0)
+    w = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)
+    assert isinstance(w, dist.Work)
+    assert isinstance(w.is_completed(), bool)
+    fut = w.get_future()
+    value = fut.wait()
+    assert value[0] is t  # the future's value is the output tensor list, as in torch
+    want = np.full(3, sum(range(1, size + 1)) / size)
+    np.testing.assert_allclose(t, want)  # AVG's divide ran on completion
+    assert w.is_completed() and w.is_success() and w.exception() is None
+    assert w.wait() is True  # waiting twice is harmless
+    assert w.result()[0] is t
+    np.testing.assert_allclose(t, want)  # ... and does not divide again
+    assert fut.done()
+    chained = fut.then(lambda f: f.value()[0].sum())
+    assert chained.wait() == pytest.approx(want.sum())
+
+
+@pytest.mark.mpi
+def test_work_wait_with_timeout_argument(dist, rank, size):
+    t = np.ones(2)
+    w = dist.all_reduce(t, async_op=True)
+    assert w.wait(timeout=60) is True
+    w2 = dist.barrier(async_op=True)
+    from datetime import timedelta
+    assert w2.wait(timeout=timedelta(seconds=60)) is True
+    np.testing.assert_array_equal(t, np.full(2, float(size)))
+
+
+@pytest.mark.mpi
+def test_several_async_ops_in_flight(dist, rank, size):
+    a = np.full(4, float(rank))
+    b = np.zeros(4)
+    if rank == 0:
+        b[:] = 7
+    wa = dist.all_reduce(a, async_op=True)
+    wb = dist.broadcast(b, src=0, async_op=True)
+    wc = dist.barrier(async_op=True)
+    for w in (wc, wb, wa):  # completion order differs from start order
+        w.wait()
+    np.testing.assert_array_equal(a, np.full(4, float(sum(range(size)))))
+    np.testing.assert_array_equal(b, np.full(4, 7.0))
+
+
+# -- bad arguments: raised locally, same on every rank, and the runtime keeps working --------
+
+
+def _still_works(dist, size):
+    t = np.ones(2)
+    dist.all_reduce(t)
+    np.testing.assert_array_equal(t, np.full(2, float(size)))
+
+
+BAD_CALLS = {
+    "all_gather wrong list length": (
+        ValueError, "has {n1} entries",
+        lambda d, r, n: d.all_gather([np.zeros(2)] * (n + 1), np.zeros(2))),
+    "all_gather own slot size": (
+        ValueError, "tensor_list[",
+        lambda d, r, n: d.all_gather([np.zeros(3) for _ in range(n)], np.zeros(2))),
+    "all_gather dtype mix": (
+        TypeError, "expected float64",
+        lambda d, r, n: d.all_gather([np.zeros(2, np.float32) for _ in range(n)], np.zeros(2))),
+    "all_gather not a list": (
+        TypeError, "must be a list",
+        lambda d, r, n: d.all_gather(np.zeros((n, 2)), np.zeros(2))),
+    "all_gather_into_tensor size": (
+        ValueError, "world_size * input_tensor.numel()",
+        lambda d, r, n: d.all_gather_into_tensor(np.zeros(2 * n + 1), np.zeros(2))),
+    "all_gather_into_tensor dtype": (
+        TypeError, "output_tensor is float32",
+        lambda d, r, n: d.all_gather_into_tensor(np.zeros(2 * n, np.float32), np.zeros(2))),
+    "broadcast src out of range": (
+        ValueError, "src={n}",
+        lambda d, r, n: d.broadcast(np.zeros(2), src=n)),
+    "broadcast no src": (
+        ValueError, "is required",
+        lambda d, r, n: d.broadcast(np.zeros(2))),
+    "broadcast src and group_src": (
+        ValueError, "not both",
+        lambda d, r, n: d.broadcast(np.zeros(2), src=0, group_src=0)),
+    "broadcast group_src out of range": (
+        ValueError, "group_src=-1",
+        lambda d, r, n: d.broadcast(np.zeros(2), group_src=-1)),
+    "broadcast float src": (
+        TypeError, "int rank",
+        lambda d, r, n: d.broadcast(np.zeros(2), src=0.0)),
+    "reduce dst out of range": (
+        ValueError, "dst={n}",
+        lambda d, r, n: d.reduce(np.zeros(2), dst=n)),
+    "gather list on non-dst": (
+        ValueError, ("only on the destination", "gather_list' is required"),
+        lambda d, r, n: d.gather(np.zeros(2), [np.zeros(2)] * n if n > 1 else None, dst=(r + 1) % n)),
+    "gather missing list": (
+        ValueError, "gather_list",
+        lambda d, r, n: d.gather(np.zeros(2), None, dst=r)),
+    "gather wrong entry size": (
+        ValueError, "gather_list[",
+        lambda d, r, n: d.gather(np.zeros(2), [np.zeros(3) for _ in range(n)], dst=r)),
+    "scatter missing list": (
+        ValueError, "scatter_list",
+        lambda d, r, n: d.scatter(np.zeros(2), None, src=r)),
+    "scatter wrong entry size": (
+        ValueError, "scatter_list[",
+        lambda d, r, n: d.scatter(np.zeros(2), [np.zeros(1) for _ in range(n)], src=r)),
+    "reduce_scatter entry size": (
+        ValueError, "input_list[",
+        lambda d, r, n: d.reduce_scatter(np.zeros(2), [np.zeros(3) for _ in range(n)])),
+    "reduce_scatter_tensor size": (
+        ValueError, "world_size * output.numel()",
+        lambda d, r, n: d.reduce_scatter_tensor(np.zeros(2), np.zeros(2 * n + 1))),
+    "all_to_all wrong list length": (
+        ValueError, "entries",
+        lambda d, r, n: d.all_to_all([np.zeros(1)] * (n + 1), [np.zeros(1)] * (n + 1))),
+    "all_to_all dtype mix": (
+        TypeError, "dtype",
+        lambda d, r, n: d.all_to_all([np.zeros(1, np.int32) for _ in range(n)],
+                                     [np.zeros(1) for _ in range(n)])),
+    "all_to_all_single splits sum": (
+        ValueError, "sum to the first dimension",
+        lambda d, r, n: d.all_to_all_single(np.zeros(n), np.zeros(n), None, [n + 1] + [0] * (n - 1))),
+    "all_to_all_single splits length": (
+        ValueError, "entries",
+        lambda d, r, n: d.all_to_all_single(np.zeros(n), np.zeros(n), [1] * (n + 1), None)),
+    "all_to_all_single not divisible": (
+        ValueError, ("not divisible", "sum to the first dimension"),
+        lambda d, r, n: d.all_to_all_single(np.zeros(n + 1), np.zeros(n + 1)) if n > 1
+        else d.all_to_all_single(np.zeros(2), np.zeros(2), [3], None)),
+    "all_to_all_single row width": (
+        ValueError, "rows",
+        lambda d, r, n: d.all_to_all_single(np.zeros((n, 2)), np.zeros((n, 3)))),
+    "all_to_all_single dtype": (
+        TypeError, "input is",
+        lambda d, r, n: d.all_to_all_single(np.zeros(n), np.zeros(n, np.float32))),
+    "all_reduce bad op": (
+        TypeError, "op must be",
+        lambda d, r, n: d.all_reduce(np.zeros(2), op="sum")),
+    "all_reduce bad group": (
+        TypeError, "group must be",
+        lambda d, r, n: d.all_reduce(np.zeros(2), group="world")),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_arguments_raise_locally(dist, rank, size, case):
+    exc, texts, fn = BAD_CALLS[case]
+    texts = (texts,) if isinstance(texts, str) else texts
+    with pytest.raises(exc) as info:
+        fn(dist, rank, size)
+    msg = str(info.value)
+    assert msg.startswith(f"{msg.split(':')[0]}: rank {rank}: "), msg
+    assert any(t.format(n=size, n1=size + 1) in msg for t in texts), msg
+    _still_works(dist, size)

@@ -1,0 +1,178 @@
+"""Object collectives: all six calls, numpy arrays inside objects, a large pkl5 message, and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import gathered, rank_data
+
+
+def obj_of(r: int):
+    """A rank's object: nested containers with numpy arrays (out-of-band buffers under pickle 5)."""
+    return {"rank": r, "name": f"r{r}", "arr": rank_data(r, (3, 2), np.float32),
+            "nested": [(r, np.arange(r + 1, dtype=np.int64))], "none": None}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def still_works(dist, size):
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
+@pytest.mark.mpi
+def test_broadcast_object_list_every_src(dist, rank, size):
+    for src in range(size):
+        lst = [obj_of(rank), "x", rank] if rank == src else [None, None, None]
+        kw = {"src": src} if src % 2 == 0 else {"group_src": src}
+        assert dist.broadcast_object_list(lst, **kw) is None
+        assert same(lst, [obj_of(src), "x", src])
+
+
+@pytest.mark.mpi
+def test_all_gather_object(dist, rank, size):
+    out = [None] * size
+    dist.all_gather_object(out, obj_of(rank))
+    assert all(same(out[r], obj_of(r)) for r in range(size))
+
+
+@pytest.mark.mpi
+def test_gather_object_every_dst(dist, rank, size):
+    for dst in range(size):
+        out = [None] * size if rank == dst else None
+        dist.gather_object(obj_of(rank), out, dst=dst)
+        if rank == dst:
+            assert all(same(out[r], obj_of(r)) for r in range(size))
+
+
+@pytest.mark.mpi
+def test_scatter_object_list_every_src(dist, rank, size):
+    for src in range(size):
+        inputs = [obj_of(r) for r in range(size)] if rank == src else None
+        out = [None]
+        dist.scatter_object_list(out, inputs, src=src)
+        assert same(out[0], obj_of(rank))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_send_recv_object_list(dist, rank, size):
+    if rank != 0:
+        dist.send_object_list([obj_of(rank), rank * 10], dst=0)
+    else:
+        senders = []
+        for _ in range(size - 1):
+            lst = [None, None]
+            src = dist.recv_object_list(lst)  # any source
+            senders.append(src)
+            assert same(lst, [obj_of(src), src * 10])
+        assert sorted(senders) == list(range(1, size))
+    dist.barrier()  # the any-source loop must not see the next message
+    # and from a named source
+    if rank == size - 1:
+        dist.send_object_list(["hi"], dst=0)
+    elif rank == 0:
+        lst = [None]
+        assert dist.recv_object_list(lst, src=size - 1) == size - 1 and lst == ["hi"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_any_source_object_recv_skips_array_messages(dist, rank, size):
+    if rank == 1:
+        dist.send(np.array([3.0]), dst=0)  # an array message on the same communicator and tag 0
+        dist.send_object_list([{"k": 1}], dst=0)
+    elif rank == 0:
+        lst = [None]
+        assert dist.recv_object_list(lst) == 1 and lst == [{"k": 1}]
+        t = np.zeros(1)
+        assert dist.recv(t) == 1 and t[0] == 3.0
+    still_works(dist, size)
+
+
+@pytest.mark.mpi
+def test_object_calls_on_subgroup(dist, rank, size):
+    members = list(range(size - 1, -1, -2))  # odd sizes leave rank 0 in, even sizes leave it out
+    pg = dist.new_group(members)
+    members.sort()
+    if rank in members:
+        out = [None] * len(members)
+        dist.all_gather_object(out, obj_of(rank), group=pg)
+        assert all(same(out[i], obj_of(g)) for i, g in enumerate(members))
+        lst = [obj_of(rank)]
+        dist.broadcast_object_list(lst, src=members[-1], group=pg)
+        assert same(lst, [obj_of(members[-1])])
+        res = [None]
+        dist.scatter_object_list(res, [obj_of(g) for g in members] if pg.rank() == 0 else None,
+                                 group_src=0, group=pg)
+        assert same(res[0], obj_of(rank))
+    still_works(dist, size)
+
+
+@pytest.mark.mpi
+def test_large_object_pkl5(dist, rank, size):
+    # ~100 MB: pickle 5 moves the array out of band, in pkl5's multi-message path
+    n = 100 * 2**20
+    src = size - 1
+    payload = None
+    if rank == src:
+        payload = np.arange(n, dtype=np.uint8)
+    lst = [{"big": payload, "tail": "end"}]
+    dist.broadcast_object_list(lst, src=src)
+    big = lst[0]["big"]
+    ok = (big.shape == (n,) and big.dtype == np.uint8 and lst[0]["tail"] == "end"
+          and int(big[::4096].astype(np.int64).sum()) == int((np.arange(0, n, 4096) % 256).sum())
+          and big[-1] == (n - 1) % 256)
+    del big, lst, payload
+    assert all(gathered(dist, ok))
+
+
+OBJ_ERRORS = {
+    "all_gather_object length": (ValueError, "entries",
+                                 lambda d, r, n: d.all_gather_object([None] * (n + 1), 1)),
+    "all_gather_object not list": (TypeError, "must be a list, got tuple",
+                                   lambda d, r, n: d.all_gather_object((None,) * n, 1)),
+    "broadcast not list": (TypeError, "must be a list",
+                           lambda d, r, n: d.broadcast_object_list("ab", src=0)),
+    "broadcast no src": (ValueError, "required", lambda d, r, n: d.broadcast_object_list([1])),
+    "gather list on non-dst": (ValueError, "only on the destination|required",
+                               lambda d, r, n: d.gather_object(1, [None] * n if n > 1 else None,
+                                                               dst=(r + 1) % n)),
+    "gather wrong length": (ValueError, "entries", lambda d, r, n: d.gather_object(1, [None], dst=r)
+                            if n > 1 else d.gather_object(1, [None, None], dst=r)),
+    "scatter empty output": (ValueError, "at least one",
+                             lambda d, r, n: d.scatter_object_list([], None, src=0)),
+    "scatter missing input": (ValueError, "required",
+                              lambda d, r, n: d.scatter_object_list([None], None, src=r)),
+    "send to self": (ValueError, "this rank itself", lambda d, r, n: d.send_object_list([1], dst=r)),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", sorted(OBJ_ERRORS))
+def test_object_argument_errors(dist, rank, size, case):
+    exc, text, fn = OBJ_ERRORS[case]
+    with pytest.raises(exc, match=f"rank {rank}: .*({text})"):
+        fn(dist, rank, size)
+    still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_object_list_length_mismatch(dist, rank, size):
+    err = None
+    if rank == 1:
+        dist.send_object_list([1, 2, 3], dst=0)
+    elif rank == 0:
+        with pytest.raises(ValueError) as info:
+            dist.recv_object_list([None], src=1)
+        err = str(info.value)
+    errs = gathered(dist, err)
+    assert "rank 1 sent 3 objects" in errs[0]
+    still_works(dist, size)
