@@ -1,0 +1,102 @@
+"""The benchmark suite (benchmarks/): its checks, its statistics and one short real run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from launcher import ROOT, run_mpi
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from suite import cases, report, timing  # noqa: E402
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("call", cases.CALLS)
+@pytest.mark.parametrize("impl", ["mpidist", "mpi4py"])
+def test_every_body_passes_its_check(dist, rank, size, call, impl):
+    """Each implementation's operation produces what check() expects, at every world size."""
+    from mpi4py.util import pkl5
+
+    pg = dist.group.WORLD
+    x = cases.Ctx(rank, size, dist, pg.comm, pkl5.Intracomm(pg.comm))
+    if cases.supports(impl, call, x):
+        pytest.skip(cases.supports(impl, call, x))
+    b = cases.alloc(call, 24, rank, size)
+    cases.fill(call, b, rank, size)
+    body = cases.mpidist_body if impl == "mpidist" else cases.mpi4py_body
+    fn_args = body(call, x, b)
+    result = fn_args[0](*fn_args[1])
+    assert cases.check(call, b, rank, size, cases.returned(call, fn_args, result, b))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("call", ["all_reduce", "all_gather_into_tensor", "all_to_all_single", "scatter"])
+def test_check_catches_an_operation_that_did_not_run(dist, rank, size, call):
+    b = cases.alloc(call, 16, rank, size)
+    cases.fill(call, b, rank, size)
+    assert not cases.check(call, b, rank, size, None)
+
+
+def test_parse_size():
+    import run
+
+    assert [run.parse_size(s) for s in ("8", "64K", "64KiB", "1M", "16MiB", "1G")] == [
+        8, 65536, 65536, 1 << 20, 16 << 20, 1 << 30]
+    with pytest.raises(Exception, match="not a size"):
+        run.parse_size("12 parsecs")
+
+
+def test_paired_ratio_and_summary():
+    a = [2.0, 4.0, 3.0, 100.0]
+    b = [1.0, 2.0, 1.0, 50.0]
+    assert timing.paired_ratio(a, b) == float(np.median(np.array(a) / np.array(b)))
+    s = timing.summary([5.0, 1.0, 3.0])
+    assert (s["median"], s["min"]) == (3.0, 1.0)
+
+
+def test_goals_report_misses_and_passes():
+    ratios = [
+        {"call": "all_reduce", "bytes": 8, "mpidist/mpi4py": 1.5, "mpidist/c": 4.0, "gloo/mpidist": 50.0},
+        {"call": "broadcast", "bytes": 8, "mpidist/mpi4py": 1.05, "mpidist/c": 6.0, "gloo/mpidist": 9.0},
+        {"call": "all_gather_object", "bytes": 1 << 20, "gloo/mpidist": 0.8},
+    ]
+    gs = {g["goal"]: g for g in report.goals(ratios)}
+    small = gs["mpidist/mpi4py <= 1.10 at 8 B"]
+    assert small["measured"] == 2 and [m["call"] for m in small["missed"]] == ["all_reduce"]
+    assert [m["call"] for m in gs["mpidist/C <= 5 at 8 B"]["missed"]] == ["broadcast"]
+    assert [m["call"] for m in gs["gloo/mpidist >= 10 at <= 64 KiB (arrays)"]["missed"]] == ["broadcast"]
+    objects = gs["objects faster than gloo's *_object at every size"]
+    assert objects["measured"] == 1 and objects["missed"]
+    assert gs["mpidist/mpi4py <= 1.02 at >= 1 MiB"]["measured"] == 0
+    assert "MISSED" in report.goal_text(report.goals(ratios))
+
+
+def test_short_run_writes_table_json_and_plot(tmp_path: Path):
+    calls = "all_reduce,broadcast,all_gather,scatter,send_recv,barrier,all_gather_object"
+    proc = run_mpi(2, ["benchmarks/run.py", "--sizes", "8,64", "--rounds", "2", "--target", "0.0005",
+                       "--calls", calls, "--impls", "mpidist,mpi4py,c", "--out", str(tmp_path),
+                       "--name", "t"], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mpidist/mpi4py" in proc.stdout and "goals" in proc.stdout
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["meta"]["world_size"] == 2
+    got = {(r["call"], r["bytes"], r["impl"]) for r in data["results"]}
+    for call in calls.split(","):
+        for nbytes in ([0] if call == "barrier" else [8, 64]):
+            assert (call, nbytes, "mpidist") in got and (call, nbytes, "mpi4py") in got
+            if call != "all_gather_object" and "c" not in data["meta"]["notes"]:
+                assert (call, nbytes, "c") in got
+    assert all(r["median"] > 0 and len(r["samples"]) == 2 for r in data["results"])
+    assert all("mpidist/mpi4py" in row for row in data["ratios"])
+    png = tmp_path / "t.png"
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_option_is_refused(tmp_path: Path):
+    proc = run_mpi(1, ["benchmarks/run.py", "--calls", "all_reduse", "--out", str(tmp_path)], timeout=120)
+    assert proc.returncode != 0 and "all_reduse" in proc.stderr
