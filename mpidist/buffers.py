@@ -189,7 +189,14 @@ def as_buffers(
         raise errors.value_error(
             call, f"argument '{arg}' has {len(xs)} entries; the group has {length} ranks"
         )
-    return [as_buffer(x, call, f"{arg}[{i}]", writable) for i, x in enumerate(xs)]
+    bufs = []
+    for i, x in enumerate(xs):
+        try:
+            bufs.append(as_buffer(x, call, arg, writable))
+        except (TypeError, ValueError):
+            as_buffer(x, call, f"{arg}[{i}]", writable)  # raises again, naming the entry
+            raise
+    return bufs
 
 
 def same_dtype(bufs: list[tuple[np.ndarray, DType]], d: DType, call: str, arg: str) -> None:
@@ -202,7 +209,8 @@ def same_dtype(bufs: list[tuple[np.ndarray, DType]], d: DType, call: str, arg: s
 
 
 def address(arr: np.ndarray) -> int:
-    return arr.__array_interface__["data"][0]
+    """The address of ``arr``'s first byte (``MPI.buffer`` is far cheaper than ``__array_interface__``)."""
+    return MPI.buffer(arr).address
 
 
 def joined(bufs: list[tuple[np.ndarray, DType]]) -> np.ndarray | None:

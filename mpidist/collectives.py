@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import debug, errors
+from . import debug, errors, gpu
 from .buffers import DType, address, as_buffer, as_buffers, complete, joined, same_dtype
 from .groups import ProcessGroup, group_rank_of, resolve
 from .ops import ReduceOp, divide, plan, premultiply
@@ -29,7 +29,8 @@ def issue(pg: ProcessGroup, call: str, async_op: bool, blocking: Callable[..., A
     """Run ``blocking(*args)`` then ``post()``, or start ``nonblocking(*args)`` as a Work."""
     if debug.LEVEL:
         debug.check(pg)  # DETAIL: all ranks agree on the call before MPI sees it
-    post = complete(post, output)  # staged GPU buffers: copy back, return to the pool
+    if gpu.in_flight():
+        post = complete(post, output)  # staged GPU buffers: copy back, return to the pool
     if async_op:
         return Work((nonblocking(*args),), call, post, output, seconds(pg.timeout), keep=args)
     blocking(*args)
@@ -290,11 +291,18 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
                  None, tensor)
 
 
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """May ``a`` and ``b`` share memory? Two distinct arrays that own their data cannot."""
+    if a.base is None and b.base is None:
+        return a is b
+    return np.may_share_memory(a, b)
+
+
 def _reduce_scatter(pg: ProcessGroup, call: str, out: np.ndarray, send: np.ndarray, d: DType,
                     p: Any, async_op: bool, output: Any) -> Work | None:
     recv = out
     post = _average(p, out, d, pg._size)
-    if np.may_share_memory(out, send):  # MPI forbids overlapping send and receive buffers
+    if _overlap(out, send):  # MPI forbids overlapping send and receive buffers
         recv = np.empty_like(out)
 
         def copy_back() -> None:
@@ -346,7 +354,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
 def _alltoall(pg: ProcessGroup, call: str, send: np.ndarray, scounts: list[int],
               recv: np.ndarray, rcounts: list[int], d: DType, post: Callable[[], None] | None,
               async_op: bool, output: Any) -> Work | None:
-    if np.may_share_memory(send, recv):
+    if _overlap(send, recv):
         send = send.copy()  # MPI forbids overlapping send and receive buffers
     comm = pg.comm
     n = scounts[0] if scounts else 0

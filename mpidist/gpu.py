@@ -481,6 +481,11 @@ def to_mpi(dev: Device, raw: np.dtype, kind: str, call: str, writable: bool) -> 
     return view
 
 
+def in_flight() -> bool:
+    """Whether the call being assembled holds device buffers (``complete`` has work to do)."""
+    return bool(_pending or _direct)
+
+
 def complete(post: Callable[[], None] | None, output: Any) -> Callable[[], None] | None:
     """``post`` followed by the copy-back of staged buffers in ``output`` and their release.
 

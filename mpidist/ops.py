@@ -29,7 +29,7 @@ class ReduceOp:
     ``AVG``; ``PREMUL_SUM`` needs a factor: use :func:`make_premul_sum`.
     """
 
-    __slots__ = ("name", "factor")
+    __slots__ = ("name", "factor", "plans")
     SUM: ReduceOp
     PRODUCT: ReduceOp
     MIN: ReduceOp
@@ -44,6 +44,7 @@ class ReduceOp:
     def __init__(self, name: str, factor: Any = None) -> None:
         self.name = name
         self.factor = factor
+        self.plans: dict[str, Plan] = {}  # DType.kind -> Plan, memoised by plan()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ReduceOp):
@@ -139,7 +140,6 @@ def _lowprec(name: str, kind: str) -> MPI.Op:
     return op
 
 
-_PLANS: dict[tuple[str, str], Plan] = {}
 
 
 def _name_of(op: Any, call: str) -> ReduceOp:
@@ -175,27 +175,25 @@ def _build(name: str, d: DType, call: str) -> Plan:
 def plan(op: Any, d: DType, call: str) -> Plan:
     """The :class:`Plan` for reducing dtype ``d`` with ``op``; raises on a bad pairing."""
     if type(op) is ReduceOp and op.factor is None:
-        p = _PLANS.get((op.name, d.kind))
+        p = op.plans.get(d.kind)
         if p is None:
             if op.name == "PREMUL_SUM":
                 raise errors.value_error(
                     call, "ReduceOp.PREMUL_SUM needs a factor: use make_premul_sum(factor)"
                 )
-            p = _PLANS[(op.name, d.kind)] = _build(op.name, d, call)
+            p = op.plans[d.kind] = _build(op.name, d, call)
         return p
     rop = _name_of(op, call)
-    p = plan(ReduceOp(rop.name), d, call) if rop.factor is None else _build(rop.name, d, call)
-    if rop.factor is not None:
-        factor = np.asarray(rop.factor)
-        if factor.size != 1:
-            raise errors.value_error(
-                call, f"PREMUL_SUM factor must be a scalar, got shape {factor.shape}"
-            )
-        value = factor.reshape(()).item()
-        if p.words is not None:
-            return p._replace(words=p.words._replace(scale=value))
-        return Plan(p.op, False, value)
-    return p
+    if rop.factor is None:
+        return plan(getattr(ReduceOp, rop.name), d, call)
+    p = _build(rop.name, d, call)
+    factor = np.asarray(rop.factor)
+    if factor.size != 1:
+        raise errors.value_error(call, f"PREMUL_SUM factor must be a scalar, got shape {factor.shape}")
+    value = factor.reshape(()).item()
+    if p.words is not None:
+        return p._replace(words=p.words._replace(scale=value))
+    return Plan(p.op, False, value)
 
 
 def premultiply(arr: np.ndarray, d: DType, factor: Any, out: np.ndarray | None = None) -> np.ndarray:
