@@ -21,6 +21,8 @@ from .collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from .data import DistributedSampler
+from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .groups import (
     GroupMember,
     ProcessGroup,
@@ -33,6 +35,8 @@ from .groups import (
     new_subgroups_by_enumeration,
     split_group,
 )
+from .launch import DistInfo, init_distributed_mode
+from .monitor import monitored_barrier
 from .objects import (
     all_gather_object,
     broadcast_object_list,
@@ -43,6 +47,7 @@ from .objects import (
 )
 from .ops import ReduceOp, make_premul_sum, reduce_op
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .parallel import average_gradients
 from .work import Future, Work
 from .world import (
     Backend,
@@ -66,6 +71,8 @@ _make_nccl_premul_sum = make_premul_sum
 __version__ = "0.1.0"
 
 __all__ = [
+    "DistInfo", "DistributedSampler", "average_gradients", "init_distributed_mode",
+    "DebugLevel", "get_debug_level", "monitored_barrier", "set_debug_level", "set_debug_level_from_env",
     "Backend", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from . import errors, failure, groups
+from . import errors, failure, groups, monitor
 from .groups import GroupMember, ProcessGroup
 
 #: Default timeout of a process group, as torch's (30 minutes).
@@ -141,17 +141,18 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         for var, bucket in (("RANK", stated_ranks), ("WORLD_SIZE", stated_sizes)):
             if os.environ.get(var, "").strip():
                 bucket.append((f"${var}", _int_param(os.environ[var], f"${var}", call)))
-    _check_identity(stated_sizes, size, "world_size", call)
-    _check_identity(stated_ranks, me, "rank", call)
     from . import launch
 
-    launch.check_not_singleton_trap(call)
+    launch.check_not_singleton_trap(call)  # before the identity checks: its message says more
+    _check_identity(stated_sizes, size, "world_size", call)
+    _check_identity(stated_ranks, me, "rank", call)
     pg = groups.make_world(timeout or default_pg_timeout, group_name)
     groups.registry.world = pg
     groups.registry.was_destroyed = False
     GroupMember.WORLD = groups.group.WORLD = pg
     if (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1:
         failure.install()
+    monitor.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
 
 
 def init_process(group_name: str, rank: int = -1, world_size: int = -1,
