@@ -65,6 +65,9 @@ def enabled_by_env() -> bool:
 def abort(text: str, code: int = 1) -> None:
     """Print ``text`` to stderr with this rank's prefix, then ``MPI_Abort`` the world."""
     say(text)
+    # the launcher forwards our stderr asynchronously and kills every rank on MPI_Abort:
+    # give it a moment to pass the report on, or the reason for the abort can be lost
+    time.sleep(0.3)
     MPI.COMM_WORLD.Abort(code)
     # Measured with MPICH 5: MPI_Abort called from a thread other than the main one can
     # return, and the rank would carry on into its next collective; never let it.

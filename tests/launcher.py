@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,10 +31,29 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = No
     full_env = dict(os.environ)
     full_env.pop("PMI_RANK", None)
     full_env.update(env or {})
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if "PYTHONUNBUFFERED" not in (env or {}):
+        # unbuffered, print() writes its pieces separately and ranks' lines interleave
+        # mid-line ("SUMSUM 3"); buffered, each flush carries whole lines
+        full_env["PYTHONUNBUFFERED"] = ""
     cmd = [mpiexec_path(), *(mpiexec_args or []), "-n", str(n), sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=str(cwd))
+    return _run(cmd, timeout, full_env, cwd)
+
+
+def _run(cmd: list[str], timeout: float, env: dict, cwd: Path | str) -> subprocess.CompletedProcess:
+    """``subprocess.run`` that, on timeout, kills the launcher *and every rank it started*.
+
+    Killing only ``mpiexec`` can leave ranks that hold the output pipes open, and the
+    wait for them never ends.
+    """
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=str(cwd), start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def run_python(args: list[str], timeout: float = 120, env: dict | None = None
@@ -41,5 +61,4 @@ def run_python(args: list[str], timeout: float = 120, env: dict | None = None
     """A plain ``python <args>`` (an MPI singleton), captured, under ``timeout``."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=str(ROOT))
+    return _run([sys.executable, *args], timeout, full_env, ROOT)

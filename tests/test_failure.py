@@ -97,7 +97,8 @@ def test_early_exit_in_a_subgroup_collective_and_p2p(tmp_path):
         say("after")
     """)
     assert r.returncode != 0
-    assert "rank(s) 2 ended" in r.stderr, r.stderr
+    # rank 1 may also have finished by then (Open MPI completes its broadcast as root at once)
+    assert re.search(r"rank\(s\) (1, )?2 ended", r.stderr), r.stderr
     assert "after" not in r.stdout
 
 
