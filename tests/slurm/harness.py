@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -199,6 +200,11 @@ class LocalSlurm:
         self.conf.write_text(template.substitute(
             state=self.state, ctld_port=_free_port(), slurmd_port=_free_port(),
             munge_socket=munge / "munge.socket", cpus=self.cpus,
+            # Job ids restart at 1 in every fresh cluster, so MPICH's shared-memory segment
+            # names (derived from the PMI job/step id) repeat across clusters; a segment left
+            # in /dev/shm by an aborted job then makes the next job with that name spin in
+            # MPI_Init forever. A random first id keeps every cluster's names new.
+            first_job_id=random.randrange(10_000, 60_000_000),
         ))
 
     def _spawn(self, name: str, cmd: list[str], **kw) -> None:
