@@ -91,7 +91,9 @@ def _send_operand(arr: np.ndarray, d: DType, p: Any) -> np.ndarray:
 
 
 def _average(p: Any, arr: np.ndarray, d: DType, n: int) -> Callable[[], None] | None:
-    return (lambda: divide(arr, d, n)) if p.average else None
+    if not p.average:
+        return None
+    return lambda: divide(arr, d, n)
 
 
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
@@ -112,6 +114,12 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     p = plan(op, d, call)
     if p.factor is not None:
         premultiply(arr, d, p.factor, out=arr)
+    if not (async_op or p.words or debug.LEVEL or gpu.in_flight()):
+        # the common case, without issue(): this call's overhead is measured in benchmarks/
+        pg.comm.Allreduce(IN_PLACE, [arr, d.mpi], p.op)
+        if p.average:
+            divide(arr, d, pg._size)
+        return None
     comm = p.on(pg.comm)
     return issue(pg, call, async_op, comm.Allreduce, comm.Iallreduce,
                  (IN_PLACE, [arr, d.mpi], p.op), _average(p, arr, d, pg._size), tensor)
@@ -127,6 +135,9 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     root = group_rank_of(pg, src, group_src, call, "src")
     arr, d = as_buffer(tensor, call, "tensor", pg._rank != root)
     comm = pg.comm
+    if not (async_op or debug.LEVEL or gpu.in_flight()):
+        comm.Bcast([arr, d.mpi], root)  # the common case, without issue()
+        return None
     return issue(pg, call, async_op, comm.Bcast, comm.Ibcast, ([arr, d.mpi], root), None, tensor)
 
 
