@@ -116,10 +116,11 @@ def main() -> None:
     for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):
         row: dict = {"model": label}
         row["params"], row["gloo_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps, args.trials)
-        _, row["mpidist_overlap_ms"] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials)
-        saved, backend.SYNC_BYTES = backend.SYNC_BYTES, 1 << 62
+        saved = backend.SYNC_BYTES
         try:
-            _, row["mpidist_sync_ms"] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials)
+            for key, limit in (("mpidist_overlap_ms", 0), ("mpidist_sync_ms", 1 << 62)):
+                backend.SYNC_BYTES = limit  # 0: every bucket nonblocking; huge: every bucket blocking
+                _, row[key] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials)
         finally:
             backend.SYNC_BYTES = saved
         for k in ("gloo_ms", "mpidist_overlap_ms", "mpidist_sync_ms"):
