@@ -37,6 +37,13 @@ def gathered(dist, value):
     return out
 
 
+def still_works(dist, size: int) -> None:
+    """After an error, the runtime must still work: one all_reduce across the world."""
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
 def rank_data(rank: int, shape, dtype, seed: int = 0) -> np.ndarray:
     """Deterministic per-rank input: any rank can rebuild any other rank's array."""
     rng = np.random.default_rng(seed * 1000 + rank)
@@ -48,3 +55,17 @@ def rank_data(rank: int, shape, dtype, seed: int = 0) -> np.ndarray:
     if dtype.kind == "c":
         return (rng.uniform(0.5, 2, size=shape) + 1j * rng.uniform(0.5, 2, size=shape)).astype(dtype)
     return rng.uniform(0.5, 2, size=shape).astype(dtype)
+
+
+@pytest.fixture
+def tw():
+    """torch.distributed with its default group on the mpidist backend (initialised once per process)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")
+    import torch.distributed as tdist
+
+    import mpidist.torch  # noqa: F401  (registers the backend)
+
+    if not tdist.is_initialized():
+        torch.set_num_threads(1)
+        tdist.init_process_group("mpidist")
+    return tdist

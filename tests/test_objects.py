@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import gathered, rank_data
+from conftest import gathered, rank_data, still_works
 
 
 def obj_of(r: int):
@@ -21,12 +21,6 @@ def same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return a == b
-
-
-def still_works(dist, size):
-    t = np.ones(1)
-    dist.all_reduce(t)
-    assert t[0] == size
 
 
 @pytest.mark.mpi

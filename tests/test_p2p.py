@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import gathered, rank_data
-
-
-def still_works(dist, size):
-    t = np.ones(1)
-    dist.all_reduce(t)
-    assert t[0] == size
+from conftest import gathered, rank_data, still_works
 
 
 @pytest.mark.mpi(min_size=2)

@@ -15,17 +15,6 @@ tdist = pytest.importorskip("torch.distributed", reason="torch.distributed is no
 
 
 @pytest.fixture
-def tw():
-    """torch.distributed with the default group on the mpidist backend (initialised once per process)."""
-    import mpidist.torch  # noqa: F401
-
-    if not tdist.is_initialized():
-        torch.set_num_threads(1)
-        tdist.init_process_group("mpidist")
-    return tdist
-
-
-@pytest.fixture
 def me(tw):
     return tw.get_rank()
 

@@ -24,16 +24,6 @@ _gloo = {}
 
 
 @pytest.fixture
-def tw():
-    import mpidist.torch  # noqa: F401
-
-    if not tdist.is_initialized():
-        torch.set_num_threads(1)
-        tdist.init_process_group("mpidist")
-    return tdist
-
-
-@pytest.fixture
 def gloo_group(tw):
     """A gloo group over every rank (created once; every rank calls new_group)."""
     if "g" not in _gloo:

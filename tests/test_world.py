@@ -14,18 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import still_works
 from launcher import run_mpi, run_python
 
 
 def reinit(dist, **kw):
     if not dist.is_initialized():
         dist.init_process_group("mpi", abort_on_error=False, **kw)
-
-
-def still_works(dist, size):
-    t = np.ones(1)
-    dist.all_reduce(t)
-    assert t[0] == size
 
 
 @pytest.mark.mpi
