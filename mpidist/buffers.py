@@ -222,6 +222,8 @@ def joined(bufs: list[tuple[np.ndarray, DType]]) -> np.ndarray | None:
     if not bufs:
         return None
     first = bufs[0][0]
+    if len(bufs) > 1 and bufs[1][0].base is None:
+        return None  # an array that owns its memory is no view of a shared buffer: skip the walk
     dt = first.dtype
     start = address(first)
     end = start
