@@ -216,7 +216,8 @@ def test_broadcast_over_2_gib(dist, rank, size, request):
     if min(avail) < need:
         pytest.skip(f"needs {need:.0f} GiB free, have {min(avail):.0f}")
     n = 2**31 + 64
-    x = np.zeros(n, np.uint8) if rank else np.arange(n, dtype=np.uint64).astype(np.uint8)
+    # i % 256 at index i, built without a 2**31-element uint64 temporary (16 GiB)
+    x = np.zeros(n, np.uint8) if rank else np.tile(np.arange(256, dtype=np.uint8), n // 256 + 1)[:n]
     dist.broadcast(x, src=0)
     assert x[-64:].tolist() == [(n - 64 + i) % 256 for i in range(64)]
     assert x[2**31 - 1] == (2**31 - 1) % 256
