@@ -182,6 +182,12 @@ def _fields(call: str, pg: ProcessGroup, a: dict) -> tuple[dict[str, str], Any]:
     elif call == "all_to_all_single":
         f["dtype"] = _dtype(a["input"])
         pair = _a2a_single_counts(pg, a)
+    elif call in ("broadcast_object_list", "scatter_object_list"):
+        f["src"] = _root(pg, a, "src", call)
+        if call == "broadcast_object_list":
+            f["object_list"] = f"list of {len(a['object_list'])}"
+    elif call == "gather_object":
+        f["dst"] = _root(pg, a, "dst", call)
     return f, pair
 
 

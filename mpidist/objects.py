@@ -13,12 +13,15 @@ from typing import Any
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from . import errors
+from . import debug, errors
 from .groups import ProcessGroup, group_rank_of, resolve
 from .p2p import mpi_tag, peer_rank
 
 
 def _comm(pg: ProcessGroup) -> pkl5.Intracomm:
+    """The pickling communicator, taken right before the MPI call (DETAIL checks happen here)."""
+    if debug.LEVEL:
+        debug.check(pg)
     return pkl5.Intracomm(pg.comm)
 
 
@@ -38,6 +41,8 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
 
     Every rank passes a list of the same length; only ``src``'s contents matter.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(broadcast_object_list, "broadcast_object_list", locals())
     call = "broadcast_object_list"
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
@@ -54,6 +59,8 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Every rank's ``obj`` into ``object_list[rank]`` on every rank (``MPI_Allgather``)."""
+    if debug.LEVEL and debug.outermost():
+        return debug.run(all_gather_object, "all_gather_object", locals())
     call = "all_gather_object"
     pg = resolve(group, call)
     _list(object_list, call, "object_list", pg._size)
@@ -66,6 +73,8 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
 
     Only the destination passes a list (of group size); the others pass ``None``.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(gather_object, "gather_object", locals())
     call = "gather_object"
     pg = resolve(group, call)
     root = group_rank_of(pg, dst, group_dst, call, "dst")
@@ -88,6 +97,8 @@ def scatter_object_list(scatter_object_output_list: list[Any],
 
     Becomes ``MPI_Scatter`` of pickles.
     """
+    if debug.LEVEL and debug.outermost():
+        return debug.run(scatter_object_list, "scatter_object_list", locals())
     call = "scatter_object_list"
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")

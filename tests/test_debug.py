@@ -243,3 +243,36 @@ def test_detail_overhead_is_not_on_the_fast_path_when_off():
     src = sys.modules["mpidist.collectives"].__file__
     text = open(src).read()
     assert text.count("if debug.LEVEL and debug.outermost():") >= 12
+
+
+@pytest.mark.mpi
+def test_detail_checks_object_collectives_and_keeps_results(detail, rank, size):
+    dist = detail
+    objs = [{"r": rank}, [rank] * 2] if rank == size - 1 else [None, None]
+    dist.broadcast_object_list(objs, src=size - 1)
+    assert objs == [{"r": size - 1}, [size - 1] * 2]
+    every = [None] * size
+    dist.all_gather_object(every, ("x", rank))
+    assert every == [("x", r) for r in range(size)]
+    got = [None] * size if rank == 0 else None
+    dist.gather_object(rank * 10, got, dst=0)
+    if rank == 0:
+        assert got == [r * 10 for r in range(size)]
+    out = [None]
+    dist.scatter_object_list(out, [f"to {r}" for r in range(size)] if rank == 0 else None, src=0)
+    assert out == [f"to {rank}"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_detail_names_mismatched_object_broadcast_root(detail, rank, size):
+    dist = detail
+    objs = [rank, rank]
+    src = 1 if rank == 1 else 0  # rank 1 alone thinks it is the source
+    with pytest.raises(ValueError) as exc_info:
+        dist.broadcast_object_list(objs, src=src)
+    text = same_error_everywhere(dist, exc_info)
+    assert text.startswith("broadcast_object_list #") and "src" in text and "rank 1" in text, text
+    assert objs == [rank, rank]  # nothing was sent
+    lengths = [None] * size
+    dist.all_gather_object(lengths, len(objs))  # the runtime still works
+    assert lengths == [2] * size
