@@ -45,19 +45,17 @@ def mpi_library_path() -> str | None:
 
 
 def cuda_aware() -> str:
-    """``"yes"``, ``"no"`` or ``"unknown"``: mpidist.gpu's answer, else ``MPIX_Query_cuda_support``."""
-    try:
-        from . import gpu
+    """``"yes"``, ``"no"`` or ``"unknown"``, as :func:`mpidist.gpu.cuda_aware` answers."""
+    from . import gpu
 
-        return gpu.cuda_aware()
-    except (ImportError, AttributeError):
-        pass
-    try:
-        fn = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
-    except (OSError, AttributeError):
-        return "unknown"
-    fn.restype, fn.argtypes = ctypes.c_int, []
-    return "yes" if fn() else "no"
+    return gpu.cuda_aware()
+
+
+def _gpu_path() -> str:
+    """How device buffers travel (direct to a CUDA-aware MPI, or staged), from mpidist.gpu."""
+    from . import gpu
+
+    return gpu.describe()
 
 
 def _version(dist: str) -> str | None:
@@ -102,6 +100,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "thread_level_requested": str(mpi4py.rc.thread_level),
         "cuda_aware": cuda_aware(),
+        "gpu_path": _gpu_path(),
         "launcher": launch.detect_launcher(size),
         "world_size": size,
         "num_nodes": num_nodes,
@@ -133,6 +132,7 @@ def render(facts: dict[str, Any]) -> str:
         ("MPI4PY_MPIABI", facts["MPI4PY_MPIABI"] or "(unset)"),
         ("thread level", f"{facts['thread_level']} (requested {facts['thread_level_requested']})"),
         ("CUDA-aware MPI", facts["cuda_aware"]),
+        ("GPU path", facts.get("gpu_path") or "unknown"),
         ("launcher", facts["launcher"]),
         ("world size", f"{facts['world_size']} on {facts['num_nodes']} node(s)"),
     ]
