@@ -7,22 +7,10 @@
 from __future__ import annotations
 
 from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
-from .collectives import (
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-)
+from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
 from .data import DistributedSampler
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
+from .exchange import all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter
 from .groups import (
     GroupMember,
     ProcessGroup,

@@ -18,7 +18,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import errors, gpu
-from .gpu import complete as complete  # re-exported: the post-step every call ends with
 
 
 class DType(NamedTuple):
@@ -109,7 +108,8 @@ def _from_torch(t: Any, call: str, arg: str, writable: bool = False) -> tuple[np
     return arr, _BY_NUMPY[arr.dtype]
 
 
-def _from_device(dev: gpu.Device, call: str, arg: str, writable: bool) -> tuple[np.ndarray, DType]:
+def _from_device(dev: gpu.Device, call: Any, arg: str, writable: bool,
+                 staging: list[gpu.Staged] | None) -> tuple[np.ndarray, DType]:
     if dev.dtype == "bfloat16":
         d = BFLOAT16
     else:
@@ -122,10 +122,13 @@ def _from_device(dev: gpu.Device, call: str, arg: str, writable: bool) -> tuple[
             call, f"argument '{arg}' ({d.name} device array of shape {dev.shape}) is not contiguous; "
             "pass a contiguous array"
         )
-    return gpu.to_mpi(dev, d.raw, d.kind, call, writable), d
+    if staging is None:
+        raise errors.type_error(call, f"argument '{arg}' is a device buffer, which this call does not take")
+    return gpu.to_mpi(dev, d.raw, d.kind, call, writable, staging), d
 
 
-def _convert_other(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, DType]:
+def _convert_other(x: Any, call: Any, arg: str, writable: bool,
+                   staging: list[gpu.Staged] | None) -> tuple[np.ndarray, DType]:
     if isinstance(x, np.ndarray):  # subclasses: memmap, recarray views, ...
         arr = x.view(np.ndarray)
         return arr, _lookup(arr.dtype, call, arg)
@@ -134,7 +137,7 @@ def _convert_other(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndar
         return _from_torch(x, call, arg, writable)
     dev = gpu.inspect(x, call, arg)
     if dev is not None:
-        return _from_device(dev, call, arg, writable)
+        return _from_device(dev, call, arg, writable, staging)
     if torch is not None and isinstance(x, torch.Tensor):
         raise errors.type_error(
             call, f"argument '{arg}' is a torch tensor on {x.device}; mpidist handles CPU and CUDA tensors"
@@ -146,13 +149,16 @@ def _convert_other(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndar
     )
 
 
-def as_buffer(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, DType]:
+def as_buffer(x: Any, call: Any, arg: str, writable: bool,
+              staging: list[gpu.Staged] | None = None) -> tuple[np.ndarray, DType]:
     """Return ``(array, dtype)`` where ``array`` is what MPI reads or writes for ``x``.
 
-    ``writable`` says that MPI writes results into ``x``. ``array`` is C-contiguous and
-    has dtype ``dtype.raw``; ``[array, dtype.mpi]`` is the mpi4py buffer spec. For host
-    data it shares memory with ``x``; for a GPU array it is a :class:`~mpidist.gpu.DeviceView`
-    of device memory (CUDA-aware MPI) or a staged pool copy that :func:`complete` copies back.
+    ``call`` is the :class:`~mpidist.calls.Call` (or a name, for host-only callers);
+    ``writable`` says that MPI writes results into ``x``. ``array`` is C-contiguous and has
+    dtype ``dtype.raw``; ``[array, dtype.mpi]`` is the mpi4py buffer spec. For host data it
+    shares memory with ``x``; for a GPU array it is a :class:`~mpidist.gpu.DeviceView` of
+    device memory (CUDA-aware MPI) or a staged pool copy, recorded in the call's ``staging``
+    list, which :func:`mpidist.gpu.completion` copies back.
     """
     if type(x) is np.ndarray:
         arr = x
@@ -160,7 +166,7 @@ def as_buffer(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, 
         if d is None:
             d = _lookup(arr.dtype, call, arg)
     else:
-        arr, d = _convert_other(x, call, arg, writable)
+        arr, d = _convert_other(x, call, arg, writable, staging)
     flags = arr.flags
     if not flags.c_contiguous:
         raise errors.value_error(
@@ -177,9 +183,8 @@ def as_buffer(x: Any, call: str, arg: str, writable: bool) -> tuple[np.ndarray, 
     return arr, d
 
 
-def as_buffers(
-    xs: Any, call: str, arg: str, writable: bool, length: int | None = None
-) -> list[tuple[np.ndarray, DType]]:
+def as_buffers(xs: Any, call: Any, arg: str, writable: bool, length: int | None = None,
+               staging: list[gpu.Staged] | None = None) -> list[tuple[np.ndarray, DType]]:
     """:func:`as_buffer` for a list argument (``tensor_list``, ``scatter_list``, ...)."""
     if not isinstance(xs, (list, tuple)):
         raise errors.type_error(
@@ -192,9 +197,9 @@ def as_buffers(
     bufs = []
     for i, x in enumerate(xs):
         try:
-            bufs.append(as_buffer(x, call, arg, writable))
+            bufs.append(as_buffer(x, call, arg, writable, staging))
         except (TypeError, ValueError):
-            as_buffer(x, call, f"{arg}[{i}]", writable)  # raises again, naming the entry
+            as_buffer(x, call, f"{arg}[{i}]", writable, staging)  # raises again, naming the entry
             raise
     return bufs
 
@@ -237,7 +242,3 @@ def joined(bufs: list[tuple[np.ndarray, DType]]) -> np.ndarray | None:
         return first.reshape(0)
     return np.frombuffer(MPI.buffer.fromaddress(start, end - start), dtype=dt)
 
-
-def flat_view(arr: np.ndarray) -> np.ndarray:
-    """A 1-D view of a contiguous array (no copy)."""
-    return arr.reshape(-1)

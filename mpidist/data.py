@@ -14,7 +14,7 @@ from typing import Iterator, Sized
 
 import numpy as np
 
-from . import errors
+from . import errors, world
 
 _CALL = "DistributedSampler"
 
@@ -48,8 +48,6 @@ class DistributedSampler:
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, rng: str = "numpy") -> None:
         if num_replicas is None or rank is None:
-            from . import world
-
             num_replicas = world.get_world_size() if num_replicas is None else num_replicas
             rank = world.get_rank() if rank is None else rank
         for name, value in (("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):

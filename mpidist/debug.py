@@ -38,8 +38,9 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import errors
-from .groups import ProcessGroup, group_rank_of, resolve
+from . import calls, errors
+from .calls import Call
+from .groups import ProcessGroup, resolve
 
 
 class DebugLevel(enum.IntEnum):
@@ -86,6 +87,7 @@ def set_debug_level(level: DebugLevel | str | int) -> None:
     if lv and log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)
     LEVEL = int(lv)
+    calls.set_hook(run if LEVEL else None)
 
 
 def get_debug_level() -> DebugLevel:
@@ -107,88 +109,6 @@ def set_debug_level_from_env() -> None:
 def last_seq(pg: ProcessGroup) -> int | None:
     """The sequence number of the last checked or logged call on ``pg`` (``None`` before any)."""
     return _seq.get(pg)
-
-
-# ---------------------------------------------------------------- fingerprints
-
-def _desc(x: Any) -> str:
-    """``float32 (4,)`` for an array or tensor, ``[...]`` for a list, else the type name."""
-    if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_desc(v) for v in x) + "]"
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    if shape is None or dtype is None:
-        return errors.type_name(x)
-    return f"{str(dtype).rpartition('.')[2]} {tuple(shape)}"
-
-
-def _dtype(x: Any) -> str:
-    d = getattr(x, "dtype", None)
-    return errors.type_name(x) if d is None else str(d).rpartition(".")[2]
-
-
-def _numel(x: Any) -> int:
-    return int(np.prod(getattr(x, "shape", ()), dtype=np.int64))
-
-
-def _op(op: Any) -> str:
-    return getattr(op, "name", None) or repr(op)
-
-
-def _root(pg: ProcessGroup, a: dict, what: str, call: str) -> str:
-    try:
-        return str(pg.ranks[group_rank_of(pg, a.get(what), a.get(f"group_{what}"), call, what)])
-    except Exception:
-        return f"invalid ({what}={a.get(what)!r}, group_{what}={a.get(f'group_{what}')!r})"
-
-
-def _a2a_single_counts(pg: ProcessGroup, a: dict) -> tuple[list[int], list[int]]:
-    """Elements rank sends to / expects from each peer in ``all_to_all_single``."""
-    out, inp = a["output"], a["input"]
-    row = _numel(inp) // max(inp.shape[0], 1) if len(inp.shape) else 1
-    counts = []
-    for t, splits in ((inp, a.get("input_split_sizes")), (out, a.get("output_split_sizes"))):
-        rows = t.shape[0] if len(t.shape) else 1
-        rows_each = list(splits) if splits else [rows // pg._size] * pg._size
-        counts.append([int(r) * row for r in rows_each])
-    return counts[0], counts[1]
-
-
-def _fields(call: str, pg: ProcessGroup, a: dict) -> tuple[dict[str, str], Any]:
-    """What must agree across ranks for ``call``, and (send, recv) counts for all-to-alls."""
-    f: dict[str, str] = {"group": pg.group_name}
-    pair = None
-    if call in ("all_reduce", "broadcast", "reduce", "gather", "scatter"):
-        f["tensor"] = _desc(a["tensor"])
-    if call in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
-        f["op"] = _op(a["op"])
-    if call in ("broadcast", "scatter"):
-        f["src"] = _root(pg, a, "src", call)
-    elif call in ("reduce", "gather"):
-        f["dst"] = _root(pg, a, "dst", call)
-    elif call == "all_gather":
-        f["tensor"] = _dtype(a["tensor"])  # shapes may differ per rank; tensor_list says which
-        f["tensor_list"] = _desc(a["tensor_list"])
-    elif call == "all_gather_into_tensor":
-        f["output_tensor"], f["input_tensor"] = _desc(a["output_tensor"]), _desc(a["input_tensor"])
-    elif call == "reduce_scatter":
-        f["output"], f["input_list"] = _desc(a["output"]), _desc(a["input_list"])
-    elif call == "reduce_scatter_tensor":
-        f["output"], f["input"] = _desc(a["output"]), _desc(a["input"])
-    elif call == "all_to_all":
-        ins, outs = a["input_tensor_list"], a["output_tensor_list"]
-        f["dtype"] = _dtype(ins[0]) if ins else "-"
-        pair = ([_numel(t) for t in ins], [_numel(t) for t in outs])
-    elif call == "all_to_all_single":
-        f["dtype"] = _dtype(a["input"])
-        pair = _a2a_single_counts(pg, a)
-    elif call in ("broadcast_object_list", "scatter_object_list"):
-        f["src"] = _root(pg, a, "src", call)
-        if call == "broadcast_object_list":
-            f["object_list"] = f"list of {len(a['object_list'])}"
-    elif call == "gather_object":
-        f["dst"] = _root(pg, a, "dst", call)
-    return f, pair
 
 
 class _Pending(NamedTuple):
@@ -213,36 +133,37 @@ class _Info(NamedTuple):
 
 # ---------------------------------------------------------------- the call path
 
-def outermost() -> bool:
-    """``False`` while :func:`run` is already running this thread's collective."""
-    return not getattr(_tls, "inside", False)
-
-
 def _next_seq(pg: ProcessGroup) -> int:
     n = _seq.get(pg, 0) + 1
     _seq[pg] = n
     return n
 
 
-def run(fn: Callable[..., Any], call: str, args: dict[str, Any]) -> Any:
-    """Run collective ``fn(**args)`` logged (INFO) and checked across the group (DETAIL)."""
+def run(call: Call, body: Callable[..., Any], args: dict[str, Any]) -> Any:
+    """Run ``body(**args)`` logged (INFO) and, for collectives, checked across the group (DETAIL).
+
+    The hook of every declared call while the level is not ``OFF``. A call made inside
+    another (mpidist calling itself) runs unhooked: only the outermost call is checked.
+    """
+    if getattr(_tls, "inside", False) or call.fingerprint is None:
+        return body(**args)
     try:
-        pg = resolve(args.get("group"), call)
+        pg = resolve(args.get(call.group_arg), call.name)
     except Exception:
-        pg = None  # fn raises the same error itself; a non-member takes part in nothing
+        pg = None  # body raises the same error itself; a non-member takes part in nothing
     pending = None
     if pg is not None:
         seq = _next_seq(pg)
         if LEVEL >= DebugLevel.DETAIL:
             try:
-                fields, pair = _fields(call, pg, args)
+                fields, pair = call.fingerprint(pg, args, call.name)
             except Exception as exc:  # arguments so wrong they cannot be described
                 fields, pair = {"group": pg.group_name, "arguments": f"unreadable ({exc!r})"}, None
-            pending = _Pending(pg, call, seq, fields, pair)
+            pending = _Pending(pg, call.name, seq, fields, pair)
     _tls.inside, _tls.pending = True, pending
     t0 = time.perf_counter()
     try:
-        out = fn(**args)
+        out = body(**args)
     except Exception as exc:
         left = _tls.pending
         _tls.pending = None
@@ -255,7 +176,7 @@ def run(fn: Callable[..., Any], call: str, args: dict[str, Any]) -> Any:
     if left is not None:  # returned without an MPI call (nothing to send): still agree
         _exchange(left, None)
     if pg is not None:
-        log.info("rank %d: %s #%d on group %s%s: %.1f us", errors.WORLD_RANK, call, seq,
+        log.info("rank %d: %s #%d on group %s%s: %.1f us", errors.WORLD_RANK, call.name, seq,
                  pg.group_name, " (async)" if args.get("async_op") else "",
                  (time.perf_counter() - t0) * 1e6)
     return out

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import errors, groups
-from .work import seconds
+from . import calls, errors, groups
+from .waiting import Backoff, seconds
 
 _saved: dict[str, Any] = {}
 
@@ -53,9 +53,6 @@ _saved: dict[str, Any] = {}
 STALL = 2.0
 #: Seconds between the watcher's checks (it sleeps in between, it never spins).
 POLL = 0.1
-#: Modules whose frames mean "the main thread is blocked in communication".
-_COMM_MODULES = ("mpidist.collectives", "mpidist.p2p", "mpidist.objects", "mpidist.work",
-                 "mpidist.groups", "mpi4py")
 
 
 def enabled_by_env() -> bool:
@@ -114,11 +111,9 @@ def exit_timeout(default: float | None) -> float:
 
 
 def _comm_frame(frame: FrameType | None) -> FrameType | None:
-    """``frame`` if it is mpidist or mpi4py communication code, else ``None``."""
-    if frame is None:
-        return None
-    name = frame.f_globals.get("__name__", "")
-    return frame if name.startswith(_COMM_MODULES) else None
+    """The frame of the declared call (:mod:`mpidist.calls`) the stack is inside, else ``None``."""
+    found = calls.outermost_call(frame)
+    return None if found is None else found[1]
 
 
 class ExitWatch:
@@ -180,6 +175,7 @@ class ExitWatch:
         limit = self.limit
         start = time.monotonic()
         told = False
+        backoff = Backoff(longest=POLL)
         while True:
             self._collect()
             missing = [r for r in self.peers if r not in self.exited]
@@ -196,7 +192,7 @@ class ExitWatch:
                 say(f"finished with the process group still initialised; waiting up to {limit:g} s "
                     f"for rank(s) {', '.join(map(str, missing))} to finish")
                 told = True
-            time.sleep(POLL)
+            backoff.sleep()
         MPI.Request.Waitall(sends)
 
     def close(self) -> None:

@@ -207,10 +207,11 @@ def free(pg: ProcessGroup) -> None:
         comm.Free()
 
 
-def _check_backend(backend: Any, call: str) -> None:
-    if backend is not None and str(backend).lower() != "mpi":
+def check_backend(backend: Any, call: str) -> None:
+    """Refuse any backend but ``"mpi"`` (any case; ``None`` means the default, ``"mpi"``)."""
+    if backend is not None and (not isinstance(backend, str) or backend.lower() != "mpi"):
         raise errors.value_error(
-            call, f"backend {backend!r} is not supported; mpidist supports backend='mpi'"
+            call, f"backend {backend!r} is not supported; the supported backend is 'mpi'"
         )
 
 
@@ -225,22 +226,31 @@ def _check_ranks(ranks: Iterable[Any], size: int, call: str, what: str = "ranks"
     return sorted(out)
 
 
-def _create(parent: ProcessGroup, members: list[int], desc: str | None,
-            timeout: timedelta | None) -> ProcessGroup | _NonGroupMember:
-    """Group of ``members`` (group ranks of ``parent``); only members take part in MPI."""
+def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: timedelta | None,
+           name: str | None = None) -> ProcessGroup | _NonGroupMember:
+    """Group of ``members`` (group ranks of ``parent``); only members take part in MPI.
+
+    The one way mpidist makes a group of chosen ranks, for its own API and the torch backend
+    alike: ``MPI_Comm_create_group`` on the parent's communicator with a fixed tag. The tag
+    only tells apart creations that run at the same time on one rank; a rank creates its
+    groups one after another, and the members of a group create it in the same order.
+    """
     if parent._rank not in members:
         return GroupMember.NON_GROUP_MEMBER
-    name = _next_name([parent.ranks[r] for r in members])
+    ranks = [parent.ranks[r] for r in members]
     parent_group = parent.comm.Get_group()
     sub = parent_group.Incl(members)
     try:
-        # A fixed tag: only the members call, so no counter is sure to agree among them
-        # (split_group on a subgroup advances only its members'); calls are sequential per rank.
         comm = parent.comm.Create_group(sub, tag=0)
     finally:
         sub.Free()
         parent_group.Free()
-    return _new(comm, [parent.ranks[r] for r in members], name, desc, timeout)
+    return _new(comm, ranks, name or _next_name(ranks), desc, timeout)
+
+
+def duplicate(pg: ProcessGroup, name: str, desc: str | None, timeout: timedelta | None) -> ProcessGroup:
+    """A new group of the same ranks as ``pg`` on a duplicate of its communicator (``MPI_Comm_dup``)."""
+    return _new(pg.comm.Dup(), pg.ranks, name, desc, timeout)
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = None,
@@ -257,9 +267,9 @@ def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = No
     """
     call = "new_group"
     w = world(call)
-    _check_backend(backend, call)
+    check_backend(backend, call)
     members = _check_ranks(ranks or range(w._size), w._size, call)
-    return _create(w, members, group_desc, timeout or w.timeout)
+    return create(w, members, group_desc, timeout or w.timeout)
 
 
 def new_subgroups(group_size: int | None = None, group: ProcessGroup | None = None,  # noqa: A002
@@ -318,12 +328,12 @@ def _disjoint(spans: list[list[int]], call: str) -> None:
 
 def _subgroups(parent: ProcessGroup, spans: list[list[int]], timeout: timedelta | None,
                backend: Any, desc: str | None, call: str) -> tuple[Any, list[Any]]:
-    _check_backend(backend, call)
+    check_backend(backend, call)
     _disjoint(spans, call)
     cur = None
     groups = []
     for span in spans:
-        pg = _create(parent, span, desc, timeout or parent.timeout)
+        pg = create(parent, span, desc, timeout or parent.timeout)
         groups.append(pg)
         if pg is not GroupMember.NON_GROUP_MEMBER:
             cur = pg

@@ -19,7 +19,7 @@ from typing import Any
 import mpi4py
 from mpi4py import MPI
 
-from . import launch
+from . import gpu, launcher
 
 _THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                   MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
@@ -46,15 +46,11 @@ def mpi_library_path() -> str | None:
 
 def cuda_aware() -> str:
     """``"yes"``, ``"no"`` or ``"unknown"``, as :func:`mpidist.gpu.cuda_aware` answers."""
-    from . import gpu
-
     return gpu.cuda_aware()
 
 
 def _gpu_path() -> str:
     """How device buffers travel (direct to a CUDA-aware MPI, or staged), from mpidist.gpu."""
-    from . import gpu
-
     return gpu.describe()
 
 
@@ -76,12 +72,12 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
 
     size = comm.Get_size()
     host = MPI.Get_processor_name()
-    local_rank, local_size, node_rank, num_nodes = launch.node_layout(comm)
+    local_rank, local_size, node_rank, num_nodes = launcher.node_layout(comm)
     hosts = comm.gather(host, root=0)
     vendor, vendor_version = MPI.get_vendor()
     problems = []
     try:
-        launch.check_not_singleton_trap("info")
+        launcher.check_not_singleton_trap("info")
     except RuntimeError as exc:
         problems.append(str(exc))
     out: dict[str, Any] = {
@@ -101,7 +97,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "thread_level_requested": str(mpi4py.rc.thread_level),
         "cuda_aware": cuda_aware(),
         "gpu_path": _gpu_path(),
-        "launcher": launch.detect_launcher(size),
+        "launcher": launcher.detect_launcher(size),
         "world_size": size,
         "num_nodes": num_nodes,
         "hosts": None,

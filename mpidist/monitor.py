@@ -1,73 +1,52 @@
-"""Hang diagnosis: ``monitored_barrier`` and the stall watch.
+"""``monitored_barrier``: a barrier with a deadline that names the ranks that did not arrive.
 
-MPI has no timeouts: a rank that never arrives leaves its peers blocked forever.
-
-* :func:`monitored_barrier` is a barrier with a deadline. Every other rank reports its
-  arrival to group rank 0 with a nonblocking send; rank 0 polls the matching
-  ``MPI_Irecv``\\ s with ``MPI_Testsome``, sleeping between polls with a growing pause (it
-  never spins a core an oversubscribed peer needs), then answers every rank "pass" or
-  "fail". Missing ranks are named in a ``RuntimeError`` raised on rank 0 and, through
-  the answer, on every rank that did arrive; a rank that hears nothing from rank 0 raises
-  too. The messages use the group's communicator with the two MPI tags above the user
-  and object ranges (a private ``MPI_Comm_dup`` would be collective, so its creation
-  would itself hang on a missing rank), and carry a round number so a late arrival from
-  a failed round never satisfies a later one.
-* The stall watch is a daemon thread that samples ``sys._current_frames()`` every
-  fraction of a second. A thread whose innermost Python frame is inside mpidist, in the
-  same call (the same frame object) across samples, is blocked there; once that lasts
-  ``MPIDIST_STALL_WARN_S`` seconds (default 60; ``0`` turns the watch off) the watch
-  prints which call on which rank has waited how long, and once it passes the group's
-  ``timeout`` it aborts the job with that report (``MPI_Abort``), unless the call bounds
-  its own wait (``Work.wait``, ``monitored_barrier``). The collectives do nothing for
-  it: no slot to write, no clock to read, so the fast path costs the same watched or not.
+MPI has no timeouts: a rank that never arrives leaves its peers blocked forever. Here every
+other rank reports its arrival to group rank 0 with a nonblocking send; rank 0 polls the
+matching ``MPI_Irecv``\\ s with ``MPI_Testsome`` (backing off between polls, so it never spins
+a core an oversubscribed peer needs), then answers every rank "pass" or "fail". Missing ranks
+are named in a ``RuntimeError`` raised on rank 0 and, through the answer, on every rank that
+did arrive; a rank that hears nothing from rank 0 raises too. The messages use the group's
+communicator with the tags :mod:`mpidist.tags` reserves for them (a private
+``MPI_Comm_dup`` would be collective, so its creation would itself hang on a missing rank),
+and carry a round number so a late arrival from a failed round never satisfies a later one.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 import time
-import traceback
 import weakref
 from datetime import timedelta
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import errors, groups
+from . import errors
+from .calls import define
 from .groups import ProcessGroup, resolve
-from .p2p import MAX_TAG
-from .work import seconds
+from .tags import ANSWER, ARRIVE
+from .waiting import Backoff, poll, seconds
 
-_FIRST_SLEEP = 50e-6
-_MAX_SLEEP = 5e-3
 _PASS, _FAIL = 1, 2
 
 _rounds: dict[ProcessGroup, int] = weakref.WeakKeyDictionary()
 _orphans: list[Any] = []
-#: MPI tags of the arrival and answer messages: the pair above every user and object tag.
-ARRIVE = 2 * (MAX_TAG + 1)
-ANSWER = ARRIVE + 1
 
 
 def _poll(reqs: list[MPI.Request], done: set[int], deadline: float) -> None:
-    """Test ``reqs`` with backoff sleeps until all are done or ``deadline`` passes."""
-    pause = _FIRST_SLEEP
-    while len(done) < len(reqs):
+    """Test ``reqs`` until all are done or ``deadline`` passes; progress restarts the backoff."""
+    backoff = Backoff()
+
+    def all_done() -> bool:
+        if len(done) == len(reqs):
+            return True
         idx = MPI.Request.Testsome(reqs)
         if idx:
             done.update(idx)
-            pause = _FIRST_SLEEP
-            continue
-        now = time.monotonic()
-        if now >= deadline:
-            return
-        time.sleep(min(pause, deadline - now))
-        pause = min(pause * 2, _MAX_SLEEP)
+            backoff.reset()
+        return len(done) == len(reqs)
+
+    poll(all_done, deadline, backoff)
 
 
 def _drop(reqs: list[MPI.Request], done: set[int], sends: bool, buf: Any = None) -> None:
@@ -83,6 +62,7 @@ def _drop(reqs: list[MPI.Request], done: set[int], sends: bool, buf: Any = None)
             req.Wait()
 
 
+@define(bounded=True, hooked=False)
 def monitored_barrier(group: Any = None, timeout: timedelta | float | None = None,
                       wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not arrive within ``timeout``.
@@ -96,7 +76,7 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
     Example: on 3 ranks where rank 2 never calls it, ``monitored_barrier(timeout=5)``
     raises on ranks 0 and 1 after 5 s: ``... rank 2 did not reach monitored_barrier ...``.
     """
-    call = "monitored_barrier"
+    call = monitored_barrier.call
     pg = resolve(group, call)
     if timeout is not None and not isinstance(timeout, (timedelta, int, float)):
         raise errors.type_error(call, f"timeout must be a timedelta or seconds, got {timeout!r}")
@@ -114,7 +94,7 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
 
 
 def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait_all: bool,
-             call: str) -> None:
+             call: Any) -> None:
     deadline = time.monotonic() + limit
     peers = list(range(1, pg._size))
     inbox = np.zeros((pg._size, 2), np.int64)
@@ -146,7 +126,7 @@ def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait
         )
 
 
-def _arrive(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, call: str) -> None:
+def _arrive(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, call: Any) -> None:
     arrival = np.array([rnd, 0], np.int64)
     verdict = np.zeros(2 + pg._size, np.int64)
     reqs = [comm.Isend([arrival, MPI.INT64_T], 0, ARRIVE), comm.Irecv([verdict, MPI.INT64_T], 0, ANSWER)]
@@ -176,141 +156,3 @@ def _arrive(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, call:
             f"{', '.join(map(str, missing))} did not reach monitored_barrier within {limit:g} s "
             f"(group {pg.group_name!r}, global ranks {list(pg.ranks)})"
         )
-
-
-# ---------------------------------------------------------------- the stall watch
-
-_PKG = str(Path(__file__).resolve().parent)
-_SELF_BOUNDED = {"wait_all", "monitored_barrier", "_monitor", "_arrive"}
-
-
-def stall_warn_s() -> float:
-    """``MPIDIST_STALL_WARN_S`` as seconds (default 60); ``0`` turns the watch off."""
-    raw = os.environ.get("MPIDIST_STALL_WARN_S", "60").strip().lower()
-    if raw in ("", "off", "none"):
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"MPIDIST_STALL_WARN_S={raw!r} is not a number of seconds") from None
-    return max(value, 0.0)
-
-
-def _chain(frame: FrameType | None) -> list[FrameType]:
-    """The mpidist frames at the top of a stack, innermost first (empty if not inside mpidist)."""
-    out = []
-    while frame is not None and frame.f_code.co_filename.startswith(_PKG):
-        out.append(frame)
-        frame = frame.f_back
-    return out
-
-
-def _describe(chain: list[FrameType]) -> tuple[str, ProcessGroup | None, bool]:
-    """(call name, its group, whether the call bounds its own wait) for a blocked stack."""
-    entry = chain[-1]
-    name = entry.f_code.co_name
-    pg = None
-    bounded = False
-    for f in chain:
-        loc = f.f_locals
-        code = f.f_code.co_name
-        if code in _SELF_BOUNDED and (code != "wait_all" or loc.get("timeout") is not None):
-            bounded = True
-        if pg is None and isinstance(loc.get("pg"), ProcessGroup):
-            pg = loc["pg"]
-        me = loc.get("self")
-        if f is entry and me is not None and hasattr(me, "_call"):
-            name = f"{type(me).__name__}.{name} ({me._call})"
-    return name, pg, bounded
-
-
-class StallWatch:
-    """The watch thread: samples the other threads' stacks every ``period`` seconds."""
-
-    def __init__(self, warn_s: float) -> None:
-        self.warn_s = warn_s
-        self.period = min(1.0, max(0.01, warn_s / 10))
-        self.seen: dict[int, tuple[FrameType, float, bool]] = {}  # thread id -> (entry, since, warned)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="mpidist-stall-watch", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.wait(self.period):
-            if groups.registry.world is None or MPI.Is_finalized():
-                self.seen.clear()
-                continue
-            self.sample(time.monotonic())
-
-    def sample(self, now: float) -> None:
-        me = threading.get_ident()
-        seen: dict[int, tuple[FrameType, float, bool]] = {}
-        for tid, top in sys._current_frames().items():
-            chain = _chain(top) if tid != me else []
-            if not chain:
-                continue
-            entry = chain[-1]
-            old = self.seen.get(tid)
-            since, warned = (old[1], old[2]) if old is not None and old[0] is entry else (now, False)
-            waited = now - since
-            if waited >= self.warn_s:
-                name, pg, bounded = _describe(chain)
-                pg = pg or groups.registry.world
-                limit = seconds(pg.timeout) if pg is not None else None
-                if not warned:
-                    _say(report(name, pg, waited, chain))
-                    warned = True
-                if limit is not None and waited >= limit and not bounded:
-                    from . import failure
-
-                    failure.abort(report(name, pg, waited, chain) + f"\nthe group's timeout of "
-                                  f"{limit:g} s has passed; aborting the MPI job (MPI_Abort)")
-            seen[tid] = (entry, since, warned)
-        self.seen = seen
-
-
-def report(name: str, pg: ProcessGroup | None, waited: float, chain: list[FrameType]) -> str:
-    """The stall report: which call, on which rank and group, has waited how long, and where."""
-    from . import debug
-
-    where = ""
-    if pg is not None:
-        seq = debug.last_seq(pg)
-        where = f" on group {pg.group_name!r} (global ranks {list(pg.ranks)}" + \
-                (f", last checked call #{seq})" if seq else ")")
-    stack = "".join(traceback.format_stack(chain[-1].f_back, limit=3)) if chain[-1].f_back else ""
-    warn = _watch.warn_s if _watch else stall_warn_s()
-    return (f"mpidist stall: rank {errors.WORLD_RANK} has waited {waited:.1f} s in {name}{where}; "
-            f"a peer has not reached the matching call (stall warning after {warn:g} s, "
-            f"MPIDIST_STALL_WARN_S)\ncalled from:\n{stack}")
-
-
-def _say(text: str) -> None:
-    sys.stderr.write("".join(f"[rank {errors.WORLD_RANK}] {line}\n" for line in text.rstrip().split("\n")))
-    sys.stderr.flush()
-
-
-_watch: StallWatch | None = None
-
-
-def start_stall_watch(warn_s: float | None = None) -> StallWatch | None:
-    """Start the stall watch once per process (``warn_s`` defaults to ``MPIDIST_STALL_WARN_S``)."""
-    global _watch
-    warn = stall_warn_s() if warn_s is None else float(warn_s)
-    if _watch is not None:
-        _watch.warn_s = warn or _watch.warn_s
-        return _watch
-    if warn <= 0:
-        return None
-    _watch = StallWatch(warn)
-    return _watch
-
-
-def stop_stall_watch() -> None:
-    """Stop the stall watch thread (a later :func:`start_stall_watch` starts a new one)."""
-    global _watch
-    w, _watch = _watch, None
-    if w is not None:
-        w.stop.set()
-        if w.thread is not threading.current_thread():
-            w.thread.join()

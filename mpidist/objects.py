@@ -14,8 +14,11 @@ from mpi4py import MPI
 from mpi4py.util import pkl5
 
 from . import debug, errors
+from .calls import define
+from .fingerprint import LENGTH, ROOT, agree
 from .groups import ProcessGroup, group_rank_of, resolve
-from .p2p import mpi_tag, peer_rank
+from .p2p import peer_rank
+from .tags import OBJECTS, mpi_tag
 
 
 def _comm(pg: ProcessGroup) -> pkl5.Intracomm:
@@ -25,7 +28,7 @@ def _comm(pg: ProcessGroup) -> pkl5.Intracomm:
     return pkl5.Intracomm(pg.comm)
 
 
-def _list(obj: Any, call: str, arg: str, length: int | None = None) -> list:
+def _list(obj: Any, call: Any, arg: str, length: int | None = None) -> list:
     if not isinstance(obj, list):
         raise errors.type_error(call, f"argument '{arg}' must be a list, got {errors.type_name(obj)}")
     if length is not None and len(obj) != length:
@@ -35,15 +38,14 @@ def _list(obj: Any, call: str, arg: str, length: int | None = None) -> list:
     return obj
 
 
+@define(fingerprint=agree(src=ROOT, object_list=LENGTH))
 def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                           device: Any = None, group_src: int | None = None) -> None:
     """Replace every rank's ``object_list`` contents with ``src``'s (``MPI_Bcast`` of pickles).
 
     Every rank passes a list of the same length; only ``src``'s contents matter.
     """
-    if debug.LEVEL and debug.outermost():
-        return debug.run(broadcast_object_list, "broadcast_object_list", locals())
-    call = "broadcast_object_list"
+    call = broadcast_object_list.call
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
     _list(object_list, call, "object_list")
@@ -57,25 +59,23 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
         object_list[:] = received
 
 
+@define(fingerprint=agree())
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Every rank's ``obj`` into ``object_list[rank]`` on every rank (``MPI_Allgather``)."""
-    if debug.LEVEL and debug.outermost():
-        return debug.run(all_gather_object, "all_gather_object", locals())
-    call = "all_gather_object"
+    call = all_gather_object.call
     pg = resolve(group, call)
     _list(object_list, call, "object_list", pg._size)
     object_list[:] = _comm(pg).allgather(obj)
 
 
+@define(fingerprint=agree(dst=ROOT))
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None,
                   group: Any = None, group_dst: int | None = None) -> None:
     """Every rank's ``obj`` into ``object_gather_list`` on ``dst`` (``MPI_Gather``).
 
     Only the destination passes a list (of group size); the others pass ``None``.
     """
-    if debug.LEVEL and debug.outermost():
-        return debug.run(gather_object, "gather_object", locals())
-    call = "gather_object"
+    call = gather_object.call
     pg = resolve(group, call)
     root = group_rank_of(pg, dst, group_dst, call, "dst")
     if pg._rank == root:
@@ -89,6 +89,7 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
         object_gather_list[:] = result
 
 
+@define(fingerprint=agree(src=ROOT))
 def scatter_object_list(scatter_object_output_list: list[Any],
                         scatter_object_input_list: list[Any] | None = None,
                         src: int | None = None, group: Any = None,
@@ -97,9 +98,7 @@ def scatter_object_list(scatter_object_output_list: list[Any],
 
     Becomes ``MPI_Scatter`` of pickles.
     """
-    if debug.LEVEL and debug.outermost():
-        return debug.run(scatter_object_list, "scatter_object_list", locals())
-    call = "scatter_object_list"
+    call = scatter_object_list.call
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
     out = _list(scatter_object_output_list, call, "scatter_object_output_list")
@@ -112,28 +111,30 @@ def scatter_object_list(scatter_object_output_list: list[Any],
     out[0] = _comm(pg).scatter(scatter_object_input_list if pg._rank == root else None, root)
 
 
+@define(hooked=False)
 def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None,
                      device: Any = None, group_dst: int | None = None) -> None:
     """Send the objects of ``object_list`` to ``dst`` (``MPI_Send`` of one pickle)."""
-    call = "send_object_list"
+    call = send_object_list.call
     pg = resolve(group, call)
     peer = peer_rank(pg, dst, group_dst, call, "dst")
     _list(object_list, call, "object_list")
-    _comm(pg).send(list(object_list), peer, mpi_tag(0, call, channel=1))
+    _comm(pg).send(list(object_list), peer, mpi_tag(0, call, OBJECTS))
 
 
+@define(hooked=False)
 def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                      device: Any = None, group_src: int | None = None) -> int:
     """Receive objects into ``object_list`` (same length as sent); return the sender's global rank.
 
     ``src=None`` receives from any rank (``MPI_ANY_SOURCE``).
     """
-    call = "recv_object_list"
+    call = recv_object_list.call
     pg = resolve(group, call)
     source = peer_rank(pg, src, group_src, call, "src", any_source=True)
     _list(object_list, call, "object_list")
     status = MPI.Status()
-    received = _comm(pg).recv(None, source, mpi_tag(0, call, channel=1), status)
+    received = _comm(pg).recv(None, source, mpi_tag(0, call, OBJECTS), status)
     sender = pg.ranks[status.Get_source()]
     if len(received) != len(object_list):
         raise errors.value_error(

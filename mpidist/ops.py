@@ -4,9 +4,8 @@
 op for: AVG (a SUM, then a divide by the group size on completion) and PREMUL_SUM (a
 multiply by the factor before a SUM). bool reduces with MPI's logical ops. float16 and
 bfloat16 never reach an MPI reduction: their plan carries a :class:`~mpidist.lowprec.Reduction`
-(float32 accumulation, AVG/PREMUL scaling, one rounding) and :meth:`Plan.on` hands the
-collective a communicator stand-in that runs it. Their ``op`` is a (slower, per-step
-rounding) user-defined ``MPI.Op`` kept for code that calls MPI itself.
+(float32 accumulation, AVG/PREMUL scaling, one rounding) and :meth:`Plan.reducer` hands the
+collective a communicator stand-in that runs it.
 """
 
 from __future__ import annotations
@@ -81,14 +80,14 @@ def make_premul_sum(factor: Any) -> ReduceOp:
 class Plan(NamedTuple):
     """What to do for one (op, dtype): the MPI op, then optional pre/post steps."""
 
-    op: MPI.Op
+    op: MPI.Op  # MPI.OP_NULL for fp16/bf16, which never reach an MPI reduction
     average: bool  # divide by the group size after the SUM
     factor: Any  # multiply inputs by this before the SUM (PREMUL_SUM), else None
-    words: lowprec.Reduction | None = None  # fp16/bf16: the whole reduction, done by lowprec
+    lowprec: lowprec.Reduction | None = None  # fp16/bf16: the whole reduction, done by lowprec
 
-    def on(self, comm: MPI.Comm) -> Any:
+    def reducer(self, comm: MPI.Comm) -> Any:
         """What to call ``Allreduce``/``Reduce``/``Reduce_scatter_block`` (and ``I*``) on."""
-        return comm if self.words is None else lowprec.Words16(comm, self.words)
+        return comm if self.lowprec is None else lowprec.Words16(comm, self.lowprec)
 
 
 _BASE = {
@@ -103,43 +102,11 @@ _BOOL = {
 _BITWISE = ("BAND", "BOR", "BXOR")
 _FLOATS = ("f", "f16", "bf16")
 
-# numpy ufuncs for the user-defined 16-bit ops
+# the float32 arithmetic of each op in a 16-bit reduction
 _UFUNC = {
     "SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
     "AVG": np.add, "PREMUL_SUM": np.add,
 }
-
-
-def _f16_op(ufunc: np.ufunc) -> MPI.Op:
-    def reduce_f16(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
-        a = np.frombuffer(inbuf, dtype=np.float16)
-        b = np.frombuffer(inoutbuf, dtype=np.float16)
-        b[...] = ufunc(a.astype(np.float32), b.astype(np.float32))
-
-    return MPI.Op.Create(reduce_f16, commute=True)
-
-
-def _bf16_op(ufunc: np.ufunc) -> MPI.Op:
-    def reduce_bf16(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
-        a = np.frombuffer(inbuf, dtype=np.uint16)
-        b = np.frombuffer(inoutbuf, dtype=np.uint16)
-        f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)), out=b)
-
-    return MPI.Op.Create(reduce_bf16, commute=True)
-
-
-_LOWPREC_OPS: dict[tuple[str, str], MPI.Op] = {}
-
-
-def _lowprec(name: str, kind: str) -> MPI.Op:
-    key = (_UFUNC[name].__name__, kind)
-    op = _LOWPREC_OPS.get(key)
-    if op is None:
-        op = (_f16_op if kind == "f16" else _bf16_op)(_UFUNC[name])
-        _LOWPREC_OPS[key] = op
-    return op
-
-
 
 
 def _name_of(op: Any, call: str) -> ReduceOp:
@@ -168,7 +135,7 @@ def _build(name: str, d: DType, call: str) -> Plan:
     if kind == "b":
         return Plan(_BOOL[name], False, None)
     if kind in ("f16", "bf16"):  # scaling happens in float32 inside the reduction
-        return Plan(_lowprec(name, kind), False, None, lowprec.Reduction(kind, _UFUNC[name], average))
+        return Plan(MPI.OP_NULL, False, None, lowprec.Reduction(kind, _UFUNC[name], average))
     return Plan(_BASE[name], average, None)
 
 
@@ -191,8 +158,8 @@ def plan(op: Any, d: DType, call: str) -> Plan:
     if factor.size != 1:
         raise errors.value_error(call, f"PREMUL_SUM factor must be a scalar, got shape {factor.shape}")
     value = factor.reshape(()).item()
-    if p.words is not None:
-        return p._replace(words=p.words._replace(scale=value))
+    if p.lowprec is not None:
+        return p._replace(lowprec=p.lowprec._replace(scale=value))
     return Plan(p.op, False, value)
 
 

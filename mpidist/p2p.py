@@ -1,9 +1,7 @@
 """Point-to-point: send/recv, isend/irecv, P2POp and batch_isend_irecv on MPI messages.
 
 Peers are global ranks (``dst``/``src``) or group ranks (``group_dst``/``group_src``/
-``group_peer``), as in torch. User tags travel as even MPI tags and object messages
-(:mod:`mpidist.objects`) as odd ones, so an any-source ``recv`` of an array never
-matches a pickled object on the same communicator.
+``group_peer``), as in torch. Tags follow :mod:`mpidist.tags`.
 """
 
 from __future__ import annotations
@@ -12,26 +10,16 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
-from . import errors
-from .buffers import as_buffer, complete
+from . import errors, gpu
+from .buffers import as_buffer
+from .calls import define
 from .groups import ProcessGroup, group_rank_of, resolve
-from .work import Work, seconds
-
-#: Largest tag a user may pass (half of MPI's ``MPI_TAG_UB``: tags are shared with objects;
-#: the top pair of MPI tags belongs to ``monitored_barrier``).
-MAX_TAG = (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 1) // 2 - 1
+from .tags import mpi_tag
+from .waiting import seconds
+from .work import Work
 
 
-def mpi_tag(tag: Any, call: str, channel: int = 0) -> int:
-    """The MPI tag for user tag ``tag`` on ``channel`` (0 arrays, 1 objects)."""
-    if isinstance(tag, bool) or not isinstance(tag, int):
-        raise errors.type_error(call, f"tag must be an int, got {tag!r}")
-    if not 0 <= tag <= MAX_TAG:
-        raise errors.value_error(call, f"tag={tag} is outside 0..{MAX_TAG}")
-    return 2 * tag + channel
-
-
-def peer_rank(pg: ProcessGroup, global_rank: Any, grp_rank: Any, call: str, what: str,
+def peer_rank(pg: ProcessGroup, global_rank: Any, grp_rank: Any, call: Any, what: str,
               any_source: bool = False) -> int:
     """The group rank of the peer; ``MPI.ANY_SOURCE`` when a receive names none."""
     if any_source and global_rank is None and grp_rank is None:
@@ -44,7 +32,7 @@ def peer_rank(pg: ProcessGroup, global_rank: Any, grp_rank: Any, call: str, what
     return r
 
 
-def _check_count(arr: Any, status: MPI.Status, call: str, pg: ProcessGroup, d: Any) -> None:
+def _check_count(arr: Any, status: MPI.Status, call: Any, pg: ProcessGroup, d: Any) -> None:
     got = status.Get_count(d.mpi)
     if got != arr.size:
         sender = pg.ranks[status.Get_source()]
@@ -54,7 +42,7 @@ def _check_count(arr: Any, status: MPI.Status, call: str, pg: ProcessGroup, d: A
         )
 
 
-def _truncated(exc: MPI.Exception, arr: Any, call: str) -> Exception:
+def _truncated(exc: MPI.Exception, arr: Any, call: Any) -> Exception:
     if exc.Get_error_class() == MPI.ERR_TRUNCATE:
         return errors.value_error(
             call, f"the incoming message is larger than 'tensor' ({arr.size} elements)"
@@ -62,65 +50,84 @@ def _truncated(exc: MPI.Exception, arr: Any, call: str) -> Exception:
     return exc
 
 
+@define(gpu_direct=True, hooked=False)
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` (global) or ``group_dst`` (``MPI_Send``)."""
-    call = "send"
+    call = send.call
     pg = resolve(group, call)
-    arr, d = as_buffer(tensor, call, "tensor", False)
-    finish = complete(None, None)  # a staged GPU buffer goes back to the pool once sent
-    pg.comm.Send([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"), mpi_tag(tag, call))
-    if finish is not None:
-        finish()
+    staging: list = []
+    arr, d = as_buffer(tensor, call, "tensor", False, staging)
+    try:
+        pg.comm.Send([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"), mpi_tag(tag, call))
+    finally:
+        gpu.release(staging)  # a staged GPU buffer goes back to the pool once sent
 
 
+@define(gpu_direct=True, hooked=False)
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
     """Receive into ``tensor`` from ``src`` (any rank when ``None``); return the sender's global rank.
 
     Becomes ``MPI_Recv`` (``MPI_ANY_SOURCE`` without a source).
     """
-    call = "recv"
+    call = recv.call
     pg = resolve(group, call)
-    arr, d = as_buffer(tensor, call, "tensor", True)
-    source = peer_rank(pg, src, group_src, call, "src", any_source=True)
-    status = MPI.Status()
-    finish = complete(None, tensor)  # a staged GPU buffer: copy the message back to the device
+    staging: list = []
+    arr, d = as_buffer(tensor, call, "tensor", True, staging)
     try:
-        pg.comm.Recv([arr, d.mpi], source, mpi_tag(tag, call), status)
-    except MPI.Exception as exc:
-        raise _truncated(exc, arr, call) from exc
-    _check_count(arr, status, call, pg, d)
+        source = peer_rank(pg, src, group_src, call, "src", any_source=True)
+        status = MPI.Status()
+        try:
+            pg.comm.Recv([arr, d.mpi], source, mpi_tag(tag, call), status)
+        except MPI.Exception as exc:
+            raise _truncated(exc, arr, call) from exc
+        _check_count(arr, status, call, pg, d)
+    except BaseException:
+        gpu.release(staging)
+        raise
+    finish = gpu.completion(staging, None, tensor)  # a staged GPU buffer: copy the message back
     if finish is not None:
         finish()
     return pg.ranks[status.Get_source()]
 
 
+@define(gpu_direct=True, hooked=False)
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work:
     """Start sending ``tensor`` (``MPI_Isend``); the returned Work completes the send."""
-    call = "isend"
+    call = isend.call
     pg = resolve(group, call)
-    arr, d = as_buffer(tensor, call, "tensor", False)
-    req = pg.comm.Isend([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"),
-                        mpi_tag(tag, call))
-    return Work((req,), call, complete(None, None), tensor, seconds(pg.timeout), keep=arr)
+    staging: list = []
+    arr, d = as_buffer(tensor, call, "tensor", False, staging)
+    try:
+        req = pg.comm.Isend([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"), mpi_tag(tag, call))
+    except BaseException:
+        gpu.release(staging)
+        raise
+    return Work((req,), call, gpu.completion(staging, None, None), tensor, seconds(pg.timeout), keep=arr)
 
 
+@define(gpu_direct=True, hooked=False)
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
           group_src: int | None = None) -> Work:
     """Start receiving into ``tensor`` (``MPI_Irecv``); ``src=None`` receives from any rank.
 
     ``work.source_rank()`` gives the sender's group rank once done.
     """
-    call = "irecv"
+    call = irecv.call
     pg = resolve(group, call)
-    arr, d = as_buffer(tensor, call, "tensor", True)
-    source = peer_rank(pg, src, group_src, call, "src", any_source=True)
+    staging: list = []
+    arr, d = as_buffer(tensor, call, "tensor", True, staging)
+    try:
+        source = peer_rank(pg, src, group_src, call, "src", any_source=True)
+        req = pg.comm.Irecv([arr, d.mpi], source, mpi_tag(tag, call))
+    except BaseException:
+        gpu.release(staging)
+        raise
     status = MPI.Status()
-    req = pg.comm.Irecv([arr, d.mpi], source, mpi_tag(tag, call))
-    return Work((req,), call, complete(lambda: _check_count(arr, status, call, pg, d), tensor), tensor,
-                seconds(pg.timeout), keep=arr, statuses=[status])
+    check = gpu.completion(staging, lambda: _check_count(arr, status, call, pg, d), tensor)
+    return Work((req,), call, check, tensor, seconds(pg.timeout), keep=arr, statuses=[status])
 
 
 class P2POp:
@@ -146,9 +153,10 @@ class P2POp:
         return f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, tag={self.tag})"
 
 
+@define(group_arg="", hooked=False)
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     """Start every operation of ``p2p_op_list`` at once; return one Work per operation."""
-    call = "batch_isend_irecv"
+    call = batch_isend_irecv.call
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise errors.value_error(call, "p2p_op_list must be a non-empty list of P2POp")
     for i, p in enumerate(p2p_op_list):

@@ -8,45 +8,27 @@ rank never spins a core that an oversubscribed peer needs.
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
 
 from . import errors
-
-_FIRST_SLEEP = 20e-6
-_MAX_SLEEP = 1e-3
-
-
-def seconds(timeout: Any) -> float | None:
-    """A timeout (``timedelta``, seconds, or ``None``) as float seconds."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+from .calls import define
+from .waiting import deadline, poll, seconds
 
 
-def wait_all(reqs: Sequence[MPI.Request], timeout: float | None, call: str,
+@define(group_arg="", hooked=False)
+def wait_all(reqs: Sequence[MPI.Request], timeout: float | None, call: Any,
              statuses: list[MPI.Status] | None = None) -> None:
     """``MPI_Waitall``, bounded by ``timeout`` seconds when one is given."""
     if timeout is None:
         MPI.Request.Waitall(reqs, statuses)
         return
-    if MPI.Request.Testall(reqs, statuses):
-        return
-    deadline = time.monotonic() + timeout
-    pause = _FIRST_SLEEP
-    while not MPI.Request.Testall(reqs, statuses):
-        now = time.monotonic()
-        if now >= deadline:
-            raise errors.runtime_error(
-                call, f"timed out after {timeout:.3g} s waiting for the operation to complete"
-            )
-        time.sleep(min(pause, deadline - now))
-        pause = min(pause * 2, _MAX_SLEEP)
+    if not poll(lambda: MPI.Request.Testall(reqs, statuses), deadline(timeout)):
+        raise errors.runtime_error(
+            call, f"timed out after {timeout:.3g} s waiting for the operation to complete"
+        )
 
 
 class Work:
@@ -94,6 +76,7 @@ class Work:
     def is_success(self) -> bool:
         return self.is_completed() and self._exc is None
 
+    @define("Work.wait", group_arg="", hooked=False)
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done; ``timeout`` (or the group's) bounds the wait with ``RuntimeError``."""
         if self._exc is not None:
@@ -190,9 +173,3 @@ class Future:
         else:
             self._callbacks.append(callback)
 
-
-def completed(call: str, output: Any = None) -> Work:
-    """A :class:`Work` that is already done (a call with nothing to communicate)."""
-    w = Work((), call, output=output)
-    w._done = True
-    return w

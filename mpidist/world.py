@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from . import errors, failure, groups, monitor
+from . import errors, failure, groups, launcher, stall
 from .groups import GroupMember, ProcessGroup
 
 #: Default timeout of a process group, as torch's (30 minutes).
@@ -29,8 +29,7 @@ class Backend(str):
     MPI = "mpi"
 
     def __new__(cls, name: str) -> Backend:
-        if not isinstance(name, str) or name.lower() != "mpi":
-            raise ValueError(f"Backend: {name!r} is not supported; mpidist supports 'mpi'")
+        groups.check_backend(name, "Backend")
         return super().__new__(cls, "mpi")
 
 
@@ -115,10 +114,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             call, "the default process group is already initialized; "
             "call destroy_process_group() before initializing again"
         )
-    if backend is not None and (not isinstance(backend, str) or backend.lower() != "mpi"):
-        raise errors.value_error(
-            call, f"backend {backend!r} is not supported; the supported backend is 'mpi'"
-        )
+    groups.check_backend(backend, call)
     if timeout is not None and not isinstance(timeout, timedelta):
         raise errors.type_error(
             call, f"timeout must be a datetime.timedelta, got {errors.type_name(timeout)}"
@@ -141,9 +137,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         for var, bucket in (("RANK", stated_ranks), ("WORLD_SIZE", stated_sizes)):
             if os.environ.get(var, "").strip():
                 bucket.append((f"${var}", _int_param(os.environ[var], f"${var}", call)))
-    from . import launch
-
-    launch.check_not_singleton_trap(call)  # before the identity checks: its message says more
+    launcher.check_not_singleton_trap(call)  # before the identity checks: its message says more
     _check_identity(stated_sizes, size, "world_size", call)
     _check_identity(stated_ranks, me, "rank", call)
     pg = groups.make_world(timeout or default_pg_timeout, group_name)
@@ -152,7 +146,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     GroupMember.WORLD = groups.group.WORLD = pg
     if (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1:
         failure.install()
-    monitor.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
+    stall.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
 
 
 def init_process(group_name: str, rank: int = -1, world_size: int = -1,

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from conftest import gathered, rank_data
 
-from mpidist import buffers, gpu, ops
+import mpidist  # noqa: F401  (declares every call)
+from mpidist import buffers, calls, gpu, ops
 
 FAKE = "fakegpu"
 
@@ -62,7 +63,7 @@ class Recorder:
         self.to_device: list = []
         self.allocs: list = []
 
-    def backend(self) -> gpu.Backend:
+    def library(self) -> gpu.Library:
         def sync(dev):
             self.syncs.append(dev.stream)
 
@@ -77,14 +78,14 @@ class Recorder:
         def alloc(n):
             self.allocs.append(n)
             return np.empty(n, np.uint8)
-        return gpu.Backend(sync, to_host, to_device, alloc)
+        return gpu.Library(sync, to_host, to_device, alloc)
 
 
 @pytest.fixture
 def rec(monkeypatch):
     r = Recorder()
-    monkeypatch.setitem(gpu.BACKENDS, FAKE, r.backend())
-    monkeypatch.setattr(gpu, "_warned", True)  # the warning has its own test
+    monkeypatch.setitem(gpu.LIBRARIES, FAKE, r.library())
+    monkeypatch.setattr(gpu.staging._warned, "staging", True)  # the warning has its own test
     return r
 
 
@@ -138,11 +139,11 @@ def test_cuda_aware_override_and_query(monkeypatch):
     with pytest.raises(ValueError, match="MPIDIST_CUDA_AWARE"):
         gpu.cuda_aware()
     monkeypatch.delenv(gpu.ENV_CUDA_AWARE)
-    monkeypatch.setattr(gpu, "_aware", None)
+    monkeypatch.setattr(gpu.aware, "_aware", None)
     answer = gpu.query_cuda_support()
     assert answer in (0, 1, None)  # the mpich and Debian builds here answer 0
     assert gpu.cuda_aware() == {0: "no", 1: "yes", None: "unknown"}[answer]
-    monkeypatch.setattr(gpu, "_aware", None)
+    monkeypatch.setattr(gpu.aware, "_aware", None)
     monkeypatch.setenv("MPIR_CVAR_ENABLE_GPU", "0")
     assert gpu.cuda_aware() == "no"
 
@@ -160,100 +161,107 @@ def test_cuda_aware_override_and_query(monkeypatch):
     ("yes", "send", "bf16", "direct"),
 ])
 def test_choose_path(aware, call, kind, path):
-    assert gpu.choose_path(call, kind, aware) == path
+    assert gpu.choose_path(calls.of(call), kind, aware) == path
 
 
 # ------------------------------------------------------------ staging, pool, sync
 
 def test_staged_copy_sync_copy_back_and_pool_reuse(rec, monkeypatch):
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "0")
+    st: list = []
     h = np.arange(10, dtype=np.float32)
     x = FakeCAI(h, stream=42)
-    arr, d = buffers.as_buffer(x, "all_reduce", "tensor", True)
+    arr, d = buffers.as_buffer(x, calls.of("all_reduce"), "tensor", True, st)
     assert d.name == "float32" and not isinstance(arr, gpu.DeviceView)
     assert addr(arr) != addr(h) and np.array_equal(arr, h)
     assert rec.syncs == [42] and rec.to_host == [addr(h)]
     first = addr(arr)
     allocations = gpu.POOL.allocations
     arr *= 3  # what MPI would write
-    finish = buffers.complete(None, x)
+    finish = gpu.completion(st, None, x)
     np.testing.assert_array_equal(h, np.arange(10))  # nothing copied back before completion
     finish()
     np.testing.assert_array_equal(h, np.arange(10) * 3)
     assert rec.to_device == [addr(h)]
-    arr2, _ = buffers.as_buffer(FakeCAI(h.copy()), "all_reduce", "tensor", True)
+    arr2, _ = buffers.as_buffer(FakeCAI(h.copy()), calls.of("all_reduce"), "tensor", True, st)
     assert addr(arr2) == first and gpu.POOL.allocations == allocations  # same pool buffer
-    buffers.complete(None, None)()
+    gpu.release(st)
 
 
 def test_read_only_arguments_are_not_copied_back(rec, monkeypatch):
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "0")
+    st: list = []
     h = np.ones(4, np.int32)
     x = FakeCAI(h)
-    arr, _ = buffers.as_buffer(x, "broadcast", "tensor", False)
+    arr, _ = buffers.as_buffer(x, calls.of("broadcast"), "tensor", False, st)
     arr[:] = 5
-    buffers.complete(None, x)()
+    gpu.completion(st, None, x)()
     assert rec.to_device == [] and (h == 1).all()
 
 
 def test_post_step_runs_before_copy_back(rec, monkeypatch):
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "0")
+    st: list = []
     h = np.full(3, 6.0, np.float64)
     x = FakeCAI(h)
-    arr, d = buffers.as_buffer(x, "all_reduce", "tensor", True)
-    buffers.complete(lambda: ops.divide(arr, d, 3), x)()
+    arr, d = buffers.as_buffer(x, calls.of("all_reduce"), "tensor", True, st)
+    gpu.completion(st, lambda: ops.divide(arr, d, 3), x)()
     np.testing.assert_array_equal(h, np.full(3, 2.0))
 
 
 def test_staging_warns_once(rec, monkeypatch):
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "0")
-    monkeypatch.setattr(gpu, "_warned", False)
+    st: list = []
+    monkeypatch.setattr(gpu.staging._warned, "staging", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            buffers.as_buffer(FakeCAI(np.zeros(2)), "all_reduce", "tensor", True)
-            buffers.complete(None, None)()
+            buffers.as_buffer(FakeCAI(np.zeros(2)), calls.of("all_reduce"), "tensor", True, st)
+            gpu.release(st)
     assert [str(w.message).count("staged") for w in caught] == [1]
 
 
 def test_direct_path_hands_mpi_the_device_pointer(rec, monkeypatch):
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "1")
+    st: list = []
     h = np.arange(8, dtype=np.float32)
-    arr, d = buffers.as_buffer(FakeCAI(h, stream=3), "all_reduce", "tensor", True)
+    arr, d = buffers.as_buffer(FakeCAI(h, stream=3), calls.of("all_reduce"), "tensor", True, st)
     assert isinstance(arr, gpu.DeviceView) and addr(arr) == addr(h) and arr.shape == h.shape
     assert rec.syncs == [3] and rec.to_host == [] and rec.allocs == []
     ops.divide(arr, d, 4)  # AVG on device memory: through a staged copy
     np.testing.assert_array_equal(h, np.arange(8) / 4)
     assert rec.to_host == [addr(h)] and rec.to_device == [addr(h)]
-    buffers.complete(None, None)
+    gpu.release(st)
 
 
 def test_direct_path_stages_an_argument_that_overlaps_another(rec, monkeypatch):
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "1")
+    st: list = []
     h = np.arange(8, dtype=np.float32)
-    out, _ = buffers.as_buffer(FakeCAI(h[:4]), "all_to_all_single", "output", True)
-    inp, _ = buffers.as_buffer(FakeCAI(h[2:6]), "all_to_all_single", "input", False)
+    out, _ = buffers.as_buffer(FakeCAI(h[:4]), calls.of("all_to_all_single"), "output", True, st)
+    inp, _ = buffers.as_buffer(FakeCAI(h[2:6]), calls.of("all_to_all_single"), "input", False, st)
     assert isinstance(out, gpu.DeviceView) and not isinstance(inp, gpu.DeviceView)
-    buffers.complete(None, None)()
+    gpu.release(st)
 
 
 def test_bfloat16_device_array_from_dlpack(rec, monkeypatch):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     monkeypatch.setenv(gpu.ENV_CUDA_AWARE, "0")
+    st: list = []
 
     class BF16DL(FakeDL):
         __module__ = FAKE
 
         def __dlpack__(self, stream=None):  # numpy cannot export bfloat16: patch the dtype code
             cap = self.host.view(np.uint16).__dlpack__()
-            t = gpu._DLTensor.from_address(gpu._capsule_pointer(cap, b"dltensor"))
+            t = gpu.detect._DLTensor.from_address(gpu.detect._capsule_pointer(cap, b"dltensor"))
             t.dtype.code = 4
             return cap
 
     h = np.array([1.5, -2.25], ml_dtypes.bfloat16)
-    arr, d = buffers.as_buffer(BF16DL(h), "all_reduce", "tensor", True)
+    arr, d = buffers.as_buffer(BF16DL(h), calls.of("all_reduce"), "tensor", True, st)
     assert d is buffers.BFLOAT16 and np.array_equal(arr, h.view(np.uint16))
-    buffers.complete(None, None)()
+    gpu.release(st)
 
 
 # ------------------------------------------------------------ collectives end to end
@@ -329,7 +337,7 @@ def test_collectives_end_to_end(dist, rank, size, rec, mode, kind):
         assert set(staged_syncs) == {7}  # FakeCAI's stream, before MPI or a copy touched memory
     else:
         assert set(staged_syncs) == {1}  # DLPack: the legacy default stream
-    assert gpu._pending == []  # every staged buffer went back to the pool
+    assert gpu.POOL.in_use == 0  # every staged buffer went back to the pool
     if mode == "direct":
         # list arguments are staged; single tensors went to MPI as device pointers
         assert len(rec.to_host) < len(staged_syncs)

@@ -14,7 +14,7 @@ import pytest
 from conftest import gathered
 from launcher import ROOT
 
-from mpidist import launch, printing
+from mpidist import launch, launcher, printing
 
 # Variables a launcher sets; a plain `python` must start without them.
 _LAUNCHER_VARS = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "SLURM_",
@@ -41,7 +41,7 @@ def test_init_distributed_mode_layout_matches_hosts(dist, rank, size):
     assert (ns.rank, ns.world_size, ns.distributed, ns.dist_backend) == (rank, size, size > 1, "mpi")
     assert info.device == "cpu" and ns.gpu is None or info.device == f"cuda:{ns.gpu}"
     if "MPI_LOCALRANKID" in os.environ:  # hydra's own claim agrees with MPI's
-        assert info.launcher in (launch.HYDRA, launch.INTEL_MPI)
+        assert info.launcher in (launcher.HYDRA, launcher.INTEL_MPI)
         assert int(os.environ["MPI_LOCALRANKID"]) == info.local_rank
     assert len(set(gathered(dist, info.launcher))) == 1
 
@@ -76,7 +76,7 @@ def test_singleton_trap_not_raised_for_one_process():
     r = _plain_python("import mpidist; i = mpidist.init_distributed_mode(); print(i.world_size, i.launcher)",
                       {"WORLD_SIZE": "1", "SLURM_STEP_NUM_TASKS": "1"})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["1", launch.SINGLETON]
+    assert r.stdout.split() == ["1", launcher.SINGLETON]
 
 
 def test_a_plain_python_is_a_singleton():
@@ -86,13 +86,13 @@ def test_a_plain_python_is_a_singleton():
 
 
 @pytest.mark.parametrize("env, want", [
-    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, launch.OPEN_MPI),
-    ({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}, launch.HYDRA),
-    ({"SLURM_STEP_ID": "0", "PMI_FD": "5", "PMI_RANK": "1", "SLURM_LOCALID": "1"}, launch.SLURM),
-    ({"SLURM_STEP_ID": "0", "PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, launch.HYDRA),  # sbatch + mpiexec
-    ({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "RANK": "0"}, launch.TORCHRUN),
-    ({"TORCHELASTIC_RUN_ID": "x"}, launch.TORCHRUN),
-    ({}, launch.SINGLETON),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, launcher.OPEN_MPI),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}, launcher.HYDRA),
+    ({"SLURM_STEP_ID": "0", "PMI_FD": "5", "PMI_RANK": "1", "SLURM_LOCALID": "1"}, launcher.SLURM),
+    ({"SLURM_STEP_ID": "0", "PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, launcher.HYDRA),  # sbatch + mpiexec
+    ({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "RANK": "0"}, launcher.TORCHRUN),
+    ({"TORCHELASTIC_RUN_ID": "x"}, launcher.TORCHRUN),
+    ({}, launcher.SINGLETON),
 ])
 def test_detect_launcher(monkeypatch, env, want):
     for k in list(os.environ):
@@ -100,15 +100,15 @@ def test_detect_launcher(monkeypatch, env, want):
             monkeypatch.delenv(k)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert launch.detect_launcher(size=1) == want
+    assert launcher.detect_launcher(size=1) == want
 
 
 def test_crosscheck_names_a_disagreeing_variable(monkeypatch):
     monkeypatch.setenv("MPI_LOCALRANKID", "3")
-    note = launch.crosscheck(launch.HYDRA, 1)
+    note = launcher.crosscheck(launcher.HYDRA, 1)
     assert note is not None and "$MPI_LOCALRANKID=3" in note and "local rank 1" in note
-    assert launch.crosscheck(launch.HYDRA, 3) is None
-    assert launch.crosscheck(launch.SINGLETON, 1) is None
+    assert launcher.crosscheck(launcher.HYDRA, 3) is None
+    assert launcher.crosscheck(launcher.SINGLETON, 1) is None
 
 
 def test_select_device_is_cpu_without_a_gpu():

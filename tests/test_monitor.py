@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from launcher import run_mpi
 
-from mpidist import monitor
+from mpidist import stall
 
 
 @pytest.mark.mpi
@@ -145,18 +145,18 @@ def test_stall_past_the_group_timeout_aborts_the_job(tmp_path, n):
 
 
 def test_stall_watch_setting():
-    assert monitor.stall_warn_s() >= 0
+    assert stall.stall_warn_s() >= 0
     import os
 
     old = os.environ.get("MPIDIST_STALL_WARN_S")
     try:
         os.environ["MPIDIST_STALL_WARN_S"] = "0"
-        assert monitor.stall_warn_s() == 0
+        assert stall.stall_warn_s() == 0
         os.environ["MPIDIST_STALL_WARN_S"] = "2.5"
-        assert monitor.stall_warn_s() == 2.5
+        assert stall.stall_warn_s() == 2.5
         os.environ["MPIDIST_STALL_WARN_S"] = "soon"
         with pytest.raises(ValueError, match="MPIDIST_STALL_WARN_S='soon'"):
-            monitor.stall_warn_s()
+            stall.stall_warn_s()
     finally:
         if old is None:
             os.environ.pop("MPIDIST_STALL_WARN_S", None)

@@ -2,9 +2,8 @@
 
 torch calls the registered creator once per group, on the group's members only, with the
 global ranks of the group (none for the default group). The default group gets a
-duplicate of mpidist's world communicator; a subgroup gets ``MPI_Comm_create_group`` over
-its members (no non-member takes part), tagged by the group's name so that groups with
-overlapping members being created at once never match each other's messages.
+duplicate of mpidist's world communicator; a subgroup is made as mpidist makes its own
+(:func:`mpidist.groups.create`: ``MPI_Comm_create_group`` over the members of the world).
 
 Each method converts torch's options (root rank, ``ReduceOp``) and calls the mpidist
 collective on the group's :class:`mpidist.ProcessGroup`. A call torch makes synchronously
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -26,11 +24,11 @@ import torch
 import torch.distributed as tdist
 from mpi4py import MPI
 
-from .. import collectives, errors, failure, groups, p2p
+from .. import collectives, errors, exchange, failure, groups, p2p
 from .. import world as mworld
 from ..groups import ProcessGroup as MpiGroup
 from ..ops import ReduceOp, make_premul_sum
-from ..work import seconds
+from ..waiting import seconds
 from . import work as twork
 
 #: Backend name for ``init_process_group``.
@@ -142,7 +140,7 @@ class MpidistProcessGroup(tdist.ProcessGroup):
                   opts: Any = None) -> twork.Work:
         opts = opts or tdist.AllgatherOptions()
         return self._run("allgather", opts, lambda: _nbytes(input_tensors) * self.size(), output_tensors,
-                         collectives.all_gather, list(zip(output_tensors, input_tensors)))
+                         exchange.all_gather, list(zip(output_tensors, input_tensors)))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> twork.Work:
@@ -160,7 +158,7 @@ class MpidistProcessGroup(tdist.ProcessGroup):
                                         opts: Any = None) -> twork.Work:
         opts = opts or tdist.AllgatherOptions()
         return self._run("all_gather_into_tensor", opts, lambda: _nbytes(outputs), outputs,
-                         collectives.all_gather_into_tensor, list(zip(outputs, inputs)))
+                         exchange.all_gather_into_tensor, list(zip(outputs, inputs)))
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> twork.Work:
@@ -199,7 +197,7 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         root = opts.rootRank
         outs = output_tensors[0] if self.rank() == root and output_tensors else None
         return self._run("gather", opts, lambda: _nbytes(input_tensors) * self.size(), output_tensors,
-                         collectives.gather, [(input_tensors[0], outs)], group_dst=root)
+                         exchange.gather, [(input_tensors[0], outs)], group_dst=root)
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> twork.Work:
@@ -207,20 +205,20 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         root = opts.rootRank
         ins = input_tensors[0] if self.rank() == root and input_tensors else None
         return self._run("scatter", opts, lambda: _nbytes(output_tensors) * self.size(), output_tensors,
-                         collectives.scatter, [(output_tensors[0], ins)], group_src=root)
+                         exchange.scatter, [(output_tensors[0], ins)], group_src=root)
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> twork.Work:
         opts = opts or tdist.AllToAllOptions()
         return self._run("alltoall", opts, lambda: _nbytes(input_tensors), output_tensors,
-                         collectives.all_to_all, [(output_tensors, input_tensors)])
+                         exchange.all_to_all, [(output_tensors, input_tensors)])
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: list[int], input_split_sizes: list[int],
                           opts: Any = None) -> twork.Work:
         opts = opts or tdist.AllToAllOptions()
         return self._run("all_to_all_single", opts, lambda: _nbytes([input]), [output],
-                         collectives.all_to_all_single,
+                         exchange.all_to_all_single,
                          [(output, input, list(output_split_sizes), list(input_split_sizes))])
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -256,9 +254,6 @@ class MpidistProcessGroup(tdist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
-
-
-_builder: dict[str, Any] = {}
 
 
 def _real_stderr_excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
@@ -298,23 +293,11 @@ def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
     ranks = list(opts.global_ranks_in_group)
     name, desc = str(opts.group_id), "default_pg" if not ranks else "undefined"
     if not ranks:
-        w = _world(opts)
-        comm = w.comm.Dup()
-        _builder["comm"] = w.comm.Dup()  # subgroups are carved from this one
-        ranks = list(w.ranks)
+        pg = groups.duplicate(_world(opts), name, desc, timeout)
         install_abort_hook()
     else:
-        parent = _builder.get("comm")
-        if parent is None:
-            raise errors.runtime_error("new_group", "the mpidist default group is not initialised")
-        world_group = parent.Get_group()
-        sub = world_group.Incl(ranks)
-        try:
-            comm = parent.Create_group(sub, tag=zlib.crc32(name.encode()) % 32768)
-        finally:
-            sub.Free()
-            world_group.Free()
-    pg = groups._new(comm, ranks, name, desc, timeout)
+        w = groups.world("new_group")
+        pg = groups.create(w, [w._to_group[r] for r in ranks], desc, timeout, name)
     if pg._rank != opts.group_rank:
         raise errors.runtime_error("new_group", f"MPI rank {pg._rank} != torch group rank {opts.group_rank}")
     return MpidistProcessGroup(pg, opts.group_rank, opts.group_size)

@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as tdist
 
+from ..waiting import seconds
 from ..work import Work as MpiWork
-from ..work import seconds
 from .progress import Pending, engine
 
 

@@ -146,4 +146,4 @@ def test_path_in_use(dist, rank, size):
         assert gpu.POOL.allocations == before  # device pointers went to MPI directly
     else:
         assert gpu.POOL.allocations > 0  # staged through the pool (reused: maybe no new buffer)
-    assert gpu._pending == []
+    assert gpu.POOL.in_use == 0
