@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-from conftest import rank_data
+from helpers import rank_data
 
 
 def _finish(dist, w: Any, async_op: bool, what: str, bad: list[str]) -> None:

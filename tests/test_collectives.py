@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from collective_cases import run_all
-from conftest import gathered, rank_data
+from helpers import gathered, rank_data
 
 
 def assert_all_ranks_ok(dist, bad: list[str]) -> None:

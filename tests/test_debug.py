@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import gathered, rank_data
+from helpers import gathered, rank_data
 from launcher import run_mpi
 
 from mpidist import debug

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import gathered
+from helpers import gathered
 
 AGGS = ["sum", "count", "mean", "min", "max", "var", "std", "first", "last"]
 KEY_TYPES = ["int", "sparse_int", "uint64", "int8", "float", "str", "bytes", "bool", "composite"]

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 from collective_cases import run_all
-from conftest import gathered
+from helpers import gathered
 from launcher import run_mpi
 from mpi4py import MPI
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import gathered
+from helpers import gathered
 from launcher import ROOT
 
 from mpidist import launch, printing

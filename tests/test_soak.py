@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import rank_data
+from helpers import rank_data
 from launcher import run_mpi
 from mpi4py import MPI
 

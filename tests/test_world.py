@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import still_works
+from helpers import still_works
 from launcher import run_mpi, run_python
 
 
