@@ -1,10 +1,12 @@
-"""Shared fixtures. MPI tests (``@pytest.mark.mpi``) run under ``mpiexec -n N pytest --only-mpi``;
-the other tests run once, serially, and start their own ``mpiexec`` jobs through ``launcher``.
+"""Shared fixtures only; the helper functions tests import live in ``helpers.py``.
+
+MPI tests (``@pytest.mark.mpi``) run under ``mpiexec -n N pytest --only-mpi``; the other tests
+run once, serially, and those that start their own ``mpiexec`` jobs through ``launcher`` live in
+files of their own.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 
@@ -28,33 +30,6 @@ def rank(dist) -> int:
 @pytest.fixture
 def size(dist) -> int:
     return dist.get_world_size()
-
-
-def gathered(dist, value):
-    """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def still_works(dist, size: int) -> None:
-    """After an error, the runtime must still work: one all_reduce across the world."""
-    t = np.ones(1)
-    dist.all_reduce(t)
-    assert t[0] == size
-
-
-def rank_data(rank: int, shape, dtype, seed: int = 0) -> np.ndarray:
-    """Deterministic per-rank input: any rank can rebuild any other rank's array."""
-    rng = np.random.default_rng(seed * 1000 + rank)
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype.kind in "iu":
-        return rng.integers(1, 7, size=shape).astype(dtype)
-    if dtype.kind == "c":
-        return (rng.uniform(0.5, 2, size=shape) + 1j * rng.uniform(0.5, 2, size=shape)).astype(dtype)
-    return rng.uniform(0.5, 2, size=shape).astype(dtype)
 
 
 @pytest.fixture

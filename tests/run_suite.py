@@ -29,8 +29,9 @@ from launcher import mpiexec_path  # noqa: E402
 from slurm import harness  # noqa: E402
 
 #: Test files that also run under Open MPI: world, groups, every collective family, abort.
-OPENMPI_SUBSET = ("test_world.py", "test_groups.py", "test_collectives*.py", "test_reduce_ops.py",
-                  "test_p2p.py", "test_objects.py", "test_failure.py")
+OPENMPI_SUBSET = ("test_world.py", "test_world_jobs.py", "test_groups.py", "test_groups_jobs.py",
+                  "test_collectives*.py", "test_reduce_ops.py", "test_p2p.py", "test_objects.py",
+                  "test_failure.py")
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from collective_cases import run_all
-from conftest import gathered, rank_data
-
-
-def assert_all_ranks_ok(dist, bad: list[str]) -> None:
-    """Fail on every rank if any rank saw a mismatch (keeps the ranks in step)."""
-    everyone = gathered(dist, bad)
-    assert not any(everyone), {r: b for r, b in enumerate(everyone) if b}
+from collective_cases import CALLS, run, run_all
+from helpers import assert_all_ranks_ok, rank_data
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
-def test_every_collective_on_world(dist, size, async_op):
-    bad = run_all(dist, None, list(range(size)), async_op)
+def test_collective_on_world(dist, size, async_op, call):
+    bad = run(dist, call, None, list(range(size)), async_op)
     assert_all_ranks_ok(dist, bad)
 
 
 @pytest.mark.mpi
 def test_every_collective_on_group_world_object(dist, size):
+    """Every case back to back on one communicator, named by the ``group.WORLD`` object."""
     bad = run_all(dist, dist.group.WORLD, list(range(size)), False)
     assert dist.GroupMember.WORLD is dist.group.WORLD
     assert_all_ranks_ok(dist, bad)

@@ -108,7 +108,7 @@ def test_dataset_without_length_and_bad_epoch():
 
 @pytest.mark.mpi
 def test_defaults_come_from_the_world(dist, rank, size):
-    from conftest import gathered
+    from helpers import gathered
 
     s = dist.DistributedSampler(range(23), shuffle=True, seed=11)
     assert (s.num_replicas, s.rank) == (size, rank)

@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import gathered, rank_data
+from helpers import gathered, rank_data
 
 import mpidist  # noqa: F401  (declares every call)
 from mpidist import buffers, calls, gpu, ops

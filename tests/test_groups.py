@@ -2,49 +2,54 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pytest
-from collective_cases import run_all
-from conftest import gathered
-from launcher import run_mpi
+from collective_cases import CALLS, run, run_all
+from helpers import assert_all_ranks_ok, gathered
 from mpi4py import MPI
 
 
-def make_group(dist, kind: str):
+def make_group(dist, kind: str, made: list):
     """Create a group of ``kind`` on every rank; return (this rank's group or sentinel, its members).
 
     ``members`` are global ranks in group-rank order, or ``None`` when this rank is outside.
+    Every group this rank gets is appended to ``made``, for the ``made`` fixture to destroy.
     """
     n, me = dist.get_world_size(), dist.get_rank()
     if kind == "new_group_even":
         ranks = list(range(0, n, 2))
-        return dist.new_group(ranks), (ranks if me in ranks else None)
+        pg = dist.new_group(ranks)
+        made.append(pg)
+        return pg, (ranks if me in ranks else None)
     if kind == "new_group_unsorted_tail":
         ranks = list(range(n // 2, n))
         pg = dist.new_group(list(reversed(ranks)))  # torch orders members by global rank
+        made.append(pg)
         return pg, (ranks if me in ranks else None)
     if kind == "new_subgroups":
         g = 2 if n % 2 == 0 else n
         cur, allg = dist.new_subgroups(group_size=g)
+        made.append(cur)
         assert len(allg) == n // g
         return cur, list(range(me - me % g, me - me % g + g))
     if kind == "enumeration":
         spans = [list(range(0, (n + 1) // 2)), list(range((n + 1) // 2, n))]
         spans = [s for s in spans if s]
         cur, allg = dist.new_subgroups_by_enumeration(spans)
+        made.append(cur)
         assert len(allg) == len(spans)
         return cur, next(s for s in spans if me in s)
     if kind == "split_world":
         spans = [s for s in ([r for r in range(n) if r % 2], [r for r in range(n) if not r % 2]) if s]
         pg = dist.split_group(None, spans)
+        made.append(pg)
         return pg, next(s for s in spans if me in s)
     if kind == "split_of_subgroup":
         # parent = global ranks [1..n-1] (world if n == 1); split by *group* ranks of the parent,
         # and leave parent group rank 0 out of every split
         parent_ranks = list(range(1, n)) if n > 1 else [0]
         parent = dist.new_group(parent_ranks)
+        made.append(parent)
         if me not in parent_ranks:
             return parent, None
         if len(parent_ranks) == 1:
@@ -52,6 +57,7 @@ def make_group(dist, kind: str):
         else:
             spans = [list(range(len(parent_ranks) - 1, 0, -1))]  # unsorted on purpose
         pg = dist.split_group(parent, spans)
+        made.append(pg)
         members = [parent_ranks[i] for i in sorted(spans[0])]
         return pg, (members if me in members else None)
     raise AssertionError(kind)
@@ -59,17 +65,30 @@ def make_group(dist, kind: str):
 
 KINDS = ["new_group_even", "new_group_unsorted_tail", "new_subgroups", "enumeration", "split_world",
          "split_of_subgroup"]
+#: (kind, async_op) pairs the collectives run on: every kind blocking, three of them async too.
+KIND_MODES = [(k, False) for k in KINDS] + [("new_group_even", True), ("enumeration", True),
+                                            ("split_of_subgroup", True)]
+MODE_IDS = [f"{k}-{'async' if a else 'blocking'}" for k, a in KIND_MODES]
 
 
-def assert_all_ranks_ok(dist, bad):
-    everyone = gathered(dist, bad)
-    assert not any(everyone), {r: b for r, b in enumerate(everyone) if b}
+@pytest.fixture
+def made(dist):
+    """The groups a test makes, destroyed (newest first) when it ends.
+
+    The per-call tests make a few hundred groups in one process; left alive they would eat into
+    MPI's pool of communicator context ids.
+    """
+    groups: list = []
+    yield groups
+    for g in reversed(groups):
+        if g and g is not dist.group.WORLD:  # NON_GROUP_MEMBER and None are falsy
+            dist.destroy_process_group(g)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", KINDS)
-def test_group_rank_translation(dist, rank, size, kind):
-    pg, members = make_group(dist, kind)
+def test_group_rank_translation(dist, rank, size, made, kind):
+    pg, members = make_group(dist, kind, made)
     bad = []
     if members is None:
         if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
@@ -94,10 +113,19 @@ def test_group_rank_translation(dist, rank, size, kind):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("kind,async_op", [(k, False) for k in KINDS] + [
-    ("new_group_even", True), ("enumeration", True), ("split_of_subgroup", True)])
-def test_every_collective_on_group(dist, rank, size, kind, async_op):
-    pg, members = make_group(dist, kind)
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("kind,async_op", KIND_MODES, ids=MODE_IDS)
+def test_collective_on_group(dist, made, kind, async_op, call):
+    pg, members = make_group(dist, kind, made)
+    bad = run(dist, call, pg, members, async_op) if members is not None else []
+    assert_all_ranks_ok(dist, bad)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind,async_op", KIND_MODES, ids=MODE_IDS)
+def test_every_collective_back_to_back_on_group(dist, made, kind, async_op):
+    """Every case in turn on one group: a call must not disturb the next one on the same communicator."""
+    pg, members = make_group(dist, kind, made)
     bad = run_all(dist, pg, members, async_op) if members is not None else []
     assert_all_ranks_ok(dist, bad)
 
@@ -225,30 +253,3 @@ def test_group_argument_errors(dist, rank, size, case):
     dist.all_reduce(t, group=pg)
     assert t[0] == size
     dist.destroy_process_group(pg)
-
-
-# A regression that hung: ``split_group`` on a subgroup is called only by the subgroup's
-# members; a later world-wide ``new_group`` must still agree among all ranks. Run as its own
-# job, under a timeout, because the failure mode is a deadlock.
-SUBGROUP_THEN_WORLD = textwrap.dedent("""
-    import numpy as np
-    import mpidist as dist
-    dist.init_process_group(abort_on_error=False)
-    n, me = dist.get_world_size(), dist.get_rank()
-    tail = dist.new_group(list(range(1, n)))
-    if me != 0:
-        dist.split_group(tail, [[0]])
-        dist.new_subgroups(1, group=tail)
-    dist.new_group(list(range(1, n)), use_local_synchronization=True) if me != 0 else None
-    pg = dist.new_group(list(range(n)))
-    t = np.ones(1)
-    dist.all_reduce(t, group=pg)
-    print("SUM", int(t[0]), flush=True)
-    dist.destroy_process_group()
-""")
-
-
-def test_groups_made_by_some_ranks_do_not_desync_later_groups():
-    proc = run_mpi(3, ["-c", SUBGROUP_THEN_WORLD], timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("SUM 3") == 3, proc.stdout + proc.stderr

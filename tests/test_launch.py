@@ -1,4 +1,7 @@
-"""init_distributed_mode, launcher detection, the singleton trap, rank-0 printing."""
+"""init_distributed_mode, launcher detection, rank-0 printing.
+
+The singleton trap (plain ``python`` processes) is in ``test_launch_jobs.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +10,12 @@ import io
 import logging
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
-from conftest import gathered
-from launcher import ROOT
+from helpers import gathered
+from launcher import LAUNCHER_VARS
 
 from mpidist import launch, launcher, printing
-
-# Variables a launcher sets; a plain `python` must start without them.
-_LAUNCHER_VARS = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "SLURM_",
-                  "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-
-
-def _plain_python(code: str, extra: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    env.update(extra)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=str(ROOT))
 
 
 @pytest.mark.mpi
@@ -59,32 +49,6 @@ def test_init_distributed_mode_quiets_other_ranks(dist, rank, capsys):
     assert out.count("plain") == (1 if rank == 0 else 0)
 
 
-@pytest.mark.parametrize("var", ["SLURM_STEP_NUM_TASKS", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
-@pytest.mark.parametrize("how", ["import mpidist; mpidist.init_process_group('mpi')",
-                                 "import mpidist; mpidist.init_distributed_mode()"])
-def test_singleton_trap(var, how):
-    r = _plain_python(how, {var: "4"})
-    assert r.returncode != 0
-    assert "RuntimeError" in r.stderr and "singleton trap" in r.stderr, r.stderr
-    assert f"${var}=4" in r.stderr
-    assert "mpiexec -n N" in r.stderr
-    if var.startswith("SLURM"):
-        assert "srun --mpi=pmi2" in r.stderr
-
-
-def test_singleton_trap_not_raised_for_one_process():
-    r = _plain_python("import mpidist; i = mpidist.init_distributed_mode(); print(i.world_size, i.launcher)",
-                      {"WORLD_SIZE": "1", "SLURM_STEP_NUM_TASKS": "1"})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["1", launcher.SINGLETON]
-
-
-def test_a_plain_python_is_a_singleton():
-    r = _plain_python("import mpidist; print(mpidist.init_distributed_mode())", {})
-    assert r.returncode == 0, r.stderr
-    assert "launcher='singleton'" in r.stdout and "local_world_size=1" in r.stdout
-
-
 @pytest.mark.parametrize("env, want", [
     ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, launcher.OPEN_MPI),
     ({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}, launcher.HYDRA),
@@ -96,7 +60,7 @@ def test_a_plain_python_is_a_singleton():
 ])
 def test_detect_launcher(monkeypatch, env, want):
     for k in list(os.environ):
-        if k.startswith(_LAUNCHER_VARS):
+        if k.startswith(LAUNCHER_VARS):
             monkeypatch.delenv(k)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import rank_data
+from helpers import rank_data
 
 from mpidist import lowprec
 
@@ -170,7 +170,7 @@ def test_reduce_scatter(dist, rank, size, name, op):
 
 @pytest.mark.mpi
 def test_async_reductions_and_identical_results(dist, rank, size):
-    from conftest import gathered
+    from helpers import gathered
 
     xs = np.stack([inputs(r, 5000, "bfloat16", seed=4) for r in range(size)])
     t = make("bfloat16", xs[rank])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import gathered, rank_data, still_works
+from helpers import gathered, rank_data, still_works
 
 
 def obj_of(r: int):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import gathered, rank_data
+from helpers import gathered, rank_data
 
 from mpidist.parallel import FlatBuffer, average_gradients, flatten, unflatten
 

@@ -7,7 +7,7 @@ import functools
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import rank_data
+from helpers import rank_data
 
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "complex64", "complex128", "bfloat16"]

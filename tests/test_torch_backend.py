@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import rank_data
+from helpers import rank_data
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")
 tdist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")

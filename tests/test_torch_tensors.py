@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import rank_data
+from helpers import rank_data
 
 torch = pytest.importorskip("torch")
 
