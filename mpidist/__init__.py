@@ -11,18 +11,7 @@ from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter,
 from .data import DistributedSampler
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .exchange import all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter
-from .groups import (
-    GroupMember,
-    ProcessGroup,
-    get_global_rank,
-    get_group_rank,
-    get_process_group_ranks,
-    group,
-    new_group,
-    new_subgroups,
-    new_subgroups_by_enumeration,
-    split_group,
-)
+from .groups import GroupMember, ProcessGroup, get_global_rank, get_group_rank, get_process_group_ranks, group
 from .launch import DistInfo, init_distributed_mode
 from .monitor import monitored_barrier
 from .objects import (
@@ -36,6 +25,8 @@ from .objects import (
 from .ops import ReduceOp, make_premul_sum, reduce_op
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .parallel import average_gradients
+from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
+from .timeouts import GroupTimeoutError
 from .work import Future, Work
 from .world import (
     Backend,
@@ -61,7 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DistInfo", "DistributedSampler", "average_gradients", "init_distributed_mode",
     "DebugLevel", "get_debug_level", "monitored_barrier", "set_debug_level", "set_debug_level_from_env",
-    "Backend", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",
+    "Backend", "Future", "GroupMember", "GroupTimeoutError", "P2POp", "ProcessGroup", "ReduceOp", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",

@@ -65,18 +65,21 @@ REGISTRY: dict[str, Call] = {}
 _CODES: dict[CodeType, Call] = {}
 
 
-class _Hook:
-    """The hook that runs every declared call while set (debug mode); ``None`` when off."""
-
-    run: Callable[[Call, Callable[..., Any], dict], Any] | None = None
-
-
-hook = _Hook()
+Hook = Callable[[Call, Callable[..., Any], dict], Any]
+#: The globals of every generated entry: each reads the hook as its global ``_hook``, the
+#: cheapest lookup there is on the path every call takes.
+_SCOPES: list[dict[str, Any]] = []
 
 
-def set_hook(run: Callable[[Call, Callable[..., Any], dict], Any] | None) -> None:
+def hook() -> Hook | None:
+    """The hook every declared call runs through (debug mode), or ``None``."""
+    return _SCOPES[0]["_hook"] if _SCOPES else None
+
+
+def set_hook(run: Hook | None) -> None:
     """Route every declared call through ``run(call, body, arguments)``; ``None`` removes it."""
-    hook.run = run
+    for scope in _SCOPES:
+        scope["_hook"] = run
 
 
 def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
@@ -97,10 +100,11 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
         names.append(p.name)
     args = ", ".join(names)
     src = (f"def {body.__name__}({', '.join(params)}):\n"
-           f"    if _hook.run is not None:\n"
-           f"        return _hook.run(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
+           f"    if _hook is not None:\n"
+           f"        return _hook(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
            f"    return _body({args})\n")
-    scope: dict[str, Any] = {"_hook": hook, "_call": call, "_body": body, **defaults}
+    scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, **defaults}
+    _SCOPES.append(scope)
     exec(compile(src, f"<mpidist.calls {body.__name__}>", "exec"), scope)  # noqa: S102
     fn = scope[body.__name__]
     fn.__doc__, fn.__module__, fn.__qualname__ = body.__doc__, body.__module__, body.__qualname__

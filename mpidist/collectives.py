@@ -18,9 +18,10 @@ from . import debug, errors
 from .buffers import DType, as_buffer, as_buffers, same_dtype
 from .calls import define
 from .fingerprint import ARRAY, OP, ROOT, agree
-from .groups import ProcessGroup, group_rank_of, resolve
+from .groups import ProcessGroup, group_rank_of, registry, resolve
 from .issue import Step, from_list, issue, overlap, size_error, then
 from .ops import Plan, ReduceOp, divide, plan, premultiply
+from .timeouts import wait
 from .work import Work
 
 IN_PLACE = MPI.IN_PLACE
@@ -49,15 +50,26 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     with ``[6, 6]``.
     """
     call = all_reduce.call
-    pg = resolve(group, call)
+    pg = registry.world if group is None else group  # resolve() and plan() inlined for the common case
+    if type(pg) is not ProcessGroup or pg.comm is None:
+        pg = resolve(group, call)
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", True, staging)
-    p = plan(op, d, call)
+    p = op.plans.get(d.kind) if type(op) is ReduceOp else None
+    if p is None:
+        p = plan(op, d, call)
     if p.factor is not None:
         premultiply(arr, d, p.factor, out=arr)
     if not (async_op or p.lowprec or debug.LEVEL or staging):
-        # the common case, without issue(): this call's overhead is measured in benchmarks/
-        pg.comm.Allreduce(IN_PLACE, [arr, d.mpi], p.op)
+        # the common case, issue() inlined: this call's overhead is measured in benchmarks/
+        pg.seq += 1
+        buf = [arr, d.mpi]
+        if pg._size == 1:
+            pg.comm.Allreduce(IN_PLACE, buf, p.op)
+        else:
+            req = pg.comm.Iallreduce(IN_PLACE, buf, p.op)
+            if not req.Test():
+                wait((req,), pg, call, buf)
         if p.average:
             divide(arr, d, pg._size)
         return None
@@ -71,13 +83,22 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` from rank ``src`` (global) or ``group_src`` to every rank (``MPI_Bcast``)."""
     call = broadcast.call
-    pg = resolve(group, call)
+    pg = registry.world if group is None else group  # resolve() inlined for the common case
+    if type(pg) is not ProcessGroup or pg.comm is None:
+        pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", pg._rank != root, staging)
     comm = pg.comm
-    if not (async_op or debug.LEVEL or staging):
-        comm.Bcast([arr, d.mpi], root)  # the common case, without issue()
+    if not (async_op or debug.LEVEL or staging):  # the common case, issue() inlined
+        pg.seq += 1
+        buf = [arr, d.mpi]
+        if pg._size == 1:
+            comm.Bcast(buf, root)
+        else:
+            req = comm.Ibcast(buf, root)
+            if not req.Test():
+                wait((req,), pg, call, buf)
         return None
     return issue(pg, call, async_op, comm.Bcast, comm.Ibcast, ([arr, d.mpi], root), None, tensor, staging)
 

@@ -1,9 +1,8 @@
-"""Process groups as MPI communicators: creation, resolution and rank translation.
+"""Process groups as MPI communicators: the group object, resolution and rank translation.
 
 A :class:`ProcessGroup` is one MPI intracommunicator plus the global ranks of its
-members, in group-rank order. Every group is created by all ranks of its parent,
-as in torch.distributed, but only the members take part in MPI's creation call
-(``MPI_Comm_create_group``), so creating many small groups costs each rank only its own.
+members, in group-rank order. :func:`create` is the one way a group of chosen ranks is
+made (for mpidist's API in :mod:`mpidist.subgroups` and for the torch backend alike).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import operator
 from datetime import timedelta
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from mpi4py import MPI
 
@@ -22,11 +21,13 @@ class ProcessGroup:
     """One MPI communicator and the global ranks of its members.
 
     ``comm`` is the raw ``mpi4py`` communicator (use it for anything mpidist lacks);
-    ``ranks`` lists the members' global ranks, indexed by group rank.
+    ``ranks`` lists the members' global ranks, indexed by group rank. ``seq`` counts the
+    calls issued on the group; ``broken`` says why the group can no longer be used (a call
+    timed out, :mod:`mpidist.timeouts`), else ``None``.
     """
 
     __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
-                 "timeout", "__weakref__")
+                 "timeout", "seq", "broken", "_abandoned", "__weakref__")
 
     def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
                  timeout: timedelta | None) -> None:
@@ -38,6 +39,9 @@ class ProcessGroup:
         self.group_name = name
         self.group_desc = desc
         self.timeout = timeout
+        self.seq = 0
+        self.broken: str | None = None
+        self._abandoned: list[Any] = []  # requests and buffers of calls given up on
 
     def rank(self) -> int:
         """This process's rank in the group."""
@@ -92,6 +96,7 @@ class _Registry:
     live: dict[int, ProcessGroup] = {}
     names: dict[tuple[int, ...], int] = {}
     was_destroyed = False
+    hosts: list[str] = []  # host name of each global rank, gathered at init
 
 
 registry = _Registry()
@@ -113,18 +118,26 @@ def world(call: str) -> ProcessGroup:
     return pg
 
 
-def resolve(grp: Any, call: str) -> ProcessGroup:
+def _unusable(pg: ProcessGroup, call: Any) -> RuntimeError:
+    if pg.broken is not None:
+        return errors.runtime_error(call, f"process group {pg.group_name!r} is broken: {pg.broken}")
+    if registry.world is None:
+        return _not_initialized(call)
+    return errors.runtime_error(call, f"process group {pg.group_name!r} was destroyed")
+
+
+def resolve(grp: Any, call: Any) -> ProcessGroup:
     """The group a call runs on: ``None`` is the default group; non-members are refused."""
     if grp is None:
         pg = registry.world
         if pg is None:
             raise _not_initialized(call)
+        if pg.comm is None:
+            raise _unusable(pg, call)
         return pg
     if type(grp) is ProcessGroup:
         if grp.comm is None:
-            if registry.world is None:
-                raise _not_initialized(call)
-            raise errors.runtime_error(call, f"process group {grp.group_name!r} was destroyed")
+            raise _unusable(grp, call)
         return grp
     if grp is GroupMember.NON_GROUP_MEMBER:
         world(call)
@@ -196,6 +209,7 @@ def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
     """The default group: a duplicate of ``MPI_COMM_WORLD`` (never the user's own handle)."""
     registry.names = {}
     comm = MPI.COMM_WORLD.Dup()
+    registry.hosts = comm.allgather(MPI.Get_processor_name())
     return _new(comm, range(comm.Get_size()), name or "default_pg", "default_pg", timeout)
 
 
@@ -207,23 +221,25 @@ def free(pg: ProcessGroup) -> None:
         comm.Free()
 
 
+def break_group(pg: ProcessGroup, abandoned: Any) -> None:
+    """Mark ``pg`` unusable after a call on it was given up; keep ``abandoned`` alive.
+
+    The communicator is set aside, not freed: MPI cannot cancel a collective, and the
+    abandoned requests may still read or write their buffers.
+    """
+    if pg.broken is None:
+        pg.broken = f"a call on it timed out (after call #{pg.seq})"
+    pg._abandoned.append((pg.comm, abandoned))
+    pg.comm = None
+    registry.live.pop(id(pg), None)
+
+
 def check_backend(backend: Any, call: str) -> None:
     """Refuse any backend but ``"mpi"`` (any case; ``None`` means the default, ``"mpi"``)."""
     if backend is not None and (not isinstance(backend, str) or backend.lower() != "mpi"):
         raise errors.value_error(
             call, f"backend {backend!r} is not supported; the supported backend is 'mpi'"
         )
-
-
-def _check_ranks(ranks: Iterable[Any], size: int, call: str, what: str = "ranks") -> list[int]:
-    out = [_as_rank(r, call, what) for r in ranks]
-    for r in out:
-        if not 0 <= r < size:
-            raise errors.value_error(call, f"{what} contains {r}, outside 0..{size - 1}")
-    if len(set(out)) != len(out):
-        dup = sorted({r for r in out if out.count(r) > 1})
-        raise errors.value_error(call, f"{what} lists rank(s) {dup} more than once")
-    return sorted(out)
 
 
 def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: timedelta | None,
@@ -251,117 +267,6 @@ def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: 
 def duplicate(pg: ProcessGroup, name: str, desc: str | None, timeout: timedelta | None) -> ProcessGroup:
     """A new group of the same ranks as ``pg`` on a duplicate of its communicator (``MPI_Comm_dup``)."""
     return _new(pg.comm.Dup(), pg.ranks, name, desc, timeout)
-
-
-def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = None,
-              backend: Any = None, pg_options: Any = None, use_local_synchronization: bool = False,
-              group_desc: str | None = None, device_id: Any = None) -> ProcessGroup | Any:
-    """Create a group of the given global ranks (``MPI_Comm_create_group``).
-
-    Every rank of the world calls it with the same ``ranks`` (as in torch; with
-    ``use_local_synchronization=True`` only the members need to). Members get the new
-    :class:`ProcessGroup`, group ranks in ascending global-rank order; the others get
-    ``GroupMember.NON_GROUP_MEMBER``. ``ranks=None`` (or empty) means every rank.
-
-    Example: ``g = new_group([0, 2])`` on 4 ranks; rank 2 has ``g.rank() == 1``.
-    """
-    call = "new_group"
-    w = world(call)
-    check_backend(backend, call)
-    members = _check_ranks(ranks or range(w._size), w._size, call)
-    return create(w, members, group_desc, timeout or w.timeout)
-
-
-def new_subgroups(group_size: int | None = None, group: ProcessGroup | None = None,  # noqa: A002
-                  timeout: timedelta | None = None, backend: Any = None, pg_options: Any = None,
-                  group_desc: str | None = None) -> tuple[ProcessGroup | None, list[Any]]:
-    """Split the world into consecutive subgroups of ``group_size`` ranks.
-
-    Returns ``(this rank's subgroup, every subgroup)``; the list holds
-    ``NON_GROUP_MEMBER`` for groups this rank is not in. ``group_size`` defaults to the
-    number of ranks on this node (``MPI_COMM_TYPE_SHARED``) and must divide the world size.
-    """
-    call = "new_subgroups"
-    parent = resolve(group, call)
-    size = parent._size
-    if group_size is None:
-        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-        group_size = node.Get_size()
-        node.Free()
-    group_size = _as_rank(group_size, call, "group_size")
-    if group_size <= 0:
-        raise errors.value_error(call, f"group_size must be positive, got {group_size}")
-    if group_size > size or size % group_size:
-        raise errors.value_error(
-            call, f"group_size={group_size} must divide the group size {size}"
-        )
-    spans = [list(range(s, s + group_size)) for s in range(0, size, group_size)]
-    return _subgroups(parent, spans, timeout, backend, group_desc, call)
-
-
-def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
-                                 timeout: timedelta | None = None, backend: Any = None,
-                                 pg_options: Any = None, group_desc: str | None = None
-                                 ) -> tuple[ProcessGroup | None, list[Any]]:
-    """Create one subgroup per list of global ranks; a rank may be in at most one.
-
-    Returns ``(this rank's subgroup or None, every subgroup)``.
-    """
-    call = "new_subgroups_by_enumeration"
-    w = world(call)
-    if not ranks_per_subgroup_list:
-        raise errors.value_error(call, "ranks_per_subgroup_list is empty")
-    spans = [_check_ranks(r, w._size, call, "ranks_per_subgroup_list") for r in ranks_per_subgroup_list]
-    return _subgroups(w, spans, timeout, backend, group_desc, call)
-
-
-def _disjoint(spans: list[list[int]], call: str) -> None:
-    seen: dict[int, int] = {}
-    for i, span in enumerate(spans):
-        for r in span:
-            if r in seen:
-                raise errors.value_error(
-                    call, f"rank {r} appears in subgroup {seen[r]} and subgroup {i}"
-                )
-            seen[r] = i
-
-
-def _subgroups(parent: ProcessGroup, spans: list[list[int]], timeout: timedelta | None,
-               backend: Any, desc: str | None, call: str) -> tuple[Any, list[Any]]:
-    check_backend(backend, call)
-    _disjoint(spans, call)
-    cur = None
-    groups = []
-    for span in spans:
-        pg = create(parent, span, desc, timeout or parent.timeout)
-        groups.append(pg)
-        if pg is not GroupMember.NON_GROUP_MEMBER:
-            cur = pg
-    return cur, groups
-
-
-def split_group(parent_pg: ProcessGroup | None = None, split_ranks: Sequence[Sequence[int]] | None = None,
-                timeout: timedelta | None = None, pg_options: Any = None,
-                group_desc: str | None = None) -> ProcessGroup | None:
-    """Split ``parent_pg`` into disjoint groups with one ``MPI_Comm_split``.
-
-    ``split_ranks`` lists *group ranks of the parent*, one list per new group (torch's
-    rule). Every rank of the parent calls it; a rank in no list gets ``None``.
-    """
-    call = "split_group"
-    parent = resolve(parent_pg, call)
-    if not split_ranks:
-        raise errors.value_error(call, "split_ranks must list at least one group of ranks")
-    spans = [_check_ranks(r, parent._size, call, "split_ranks") for r in split_ranks]
-    if not all(spans):
-        raise errors.value_error(call, f"split_ranks={split_ranks!r} contains an empty group")
-    _disjoint(spans, call)
-    color = next((i for i, s in enumerate(spans) if parent._rank in s), MPI.UNDEFINED)
-    comm = parent.comm.Split(color, parent._rank)
-    if comm == MPI.COMM_NULL:
-        return None
-    ranks = [parent.ranks[r] for r in spans[color]]
-    return _new(comm, ranks, _next_name(ranks), group_desc, timeout or parent.timeout)
 
 
 def _member(grp: Any, call: str) -> ProcessGroup:

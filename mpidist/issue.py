@@ -1,10 +1,13 @@
 """The path every array call ends in: debug's check, the MPI call, the completion step.
 
-:func:`issue` runs the blocking MPI routine and then the call's post-step, or starts the
-nonblocking ``I*`` routine and returns a :class:`~mpidist.work.Work` that runs it on
-completion. The helpers below are shared by the call families: list arguments that lie
-back to back in memory (``chunk``/``split`` of one buffer) are used directly, other lists go
-through one staging buffer.
+:func:`issue` starts the nonblocking ``I*`` routine and either waits for it within the
+group's timeout (:func:`mpidist.timeouts.wait`) and runs the call's post-step, or, under
+``async_op=True``, returns a :class:`~mpidist.work.Work` that does both on ``wait()``. A
+group of one rank, which no peer can keep waiting, runs the blocking routine.
+
+The helpers below are shared by the call families: list arguments that lie back to back
+in memory (``chunk``/``split`` of one buffer) are used directly, other lists go through one
+staging buffer.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 from . import debug, errors, gpu
 from .buffers import DType, joined
 from .groups import ProcessGroup
-from .waiting import seconds
+from .timeouts import wait
 from .work import Work
 
 Step = Callable[[], None]
@@ -25,7 +28,7 @@ Step = Callable[[], None]
 def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., Any],
           nonblocking: Callable[..., Any], args: tuple, post: Step | None = None,
           output: Any = None, staging: list[gpu.Staged] | None = None) -> Work | None:
-    """Run ``blocking(*args)`` then ``post()``, or start ``nonblocking(*args)`` as a Work.
+    """Complete ``nonblocking(*args)`` (``blocking`` on one rank), then ``post()``; or a Work.
 
     ``staging`` holds the call's device buffers: their copy-back and release join ``post``.
     """
@@ -34,9 +37,13 @@ def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., A
     try:
         if debug.LEVEL:
             debug.check(pg)  # DETAIL: all ranks agree on the call before MPI sees it
+        pg.seq += 1
         if async_op:
-            return Work((nonblocking(*args),), call, post, output, seconds(pg.timeout), keep=args)
-        blocking(*args)
+            return Work((nonblocking(*args),), call, post, output, pg, keep=args)
+        if pg._size == 1:
+            blocking(*args)
+        else:
+            wait((nonblocking(*args),), pg, call, args)
     except BaseException:
         if staging:
             gpu.release(staging)

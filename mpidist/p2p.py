@@ -15,7 +15,7 @@ from .buffers import as_buffer
 from .calls import define
 from .groups import ProcessGroup, group_rank_of, resolve
 from .tags import mpi_tag
-from .waiting import seconds
+from .timeouts import wait
 from .work import Work
 
 
@@ -42,8 +42,11 @@ def _check_count(arr: Any, status: MPI.Status, call: Any, pg: ProcessGroup, d: A
         )
 
 
-def _truncated(exc: MPI.Exception, arr: Any, call: Any) -> Exception:
-    if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+def _truncated(exc: MPI.Exception, arr: Any, call: Any, status: MPI.Status) -> Exception:
+    cls = exc.Get_error_class()
+    if cls == MPI.ERR_IN_STATUS:  # MPI_Testall reports the request's own error in its status
+        cls = MPI.Get_error_class(status.Get_error())
+    if cls == MPI.ERR_TRUNCATE:
         return errors.value_error(
             call, f"the incoming message is larger than 'tensor' ({arr.size} elements)"
         )
@@ -59,7 +62,9 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", False, staging)
     try:
-        pg.comm.Send([arr, d.mpi], peer_rank(pg, dst, group_dst, call, "dst"), mpi_tag(tag, call))
+        buf = [arr, d.mpi]
+        wait((pg.comm.Isend(buf, peer_rank(pg, dst, group_dst, call, "dst"), mpi_tag(tag, call)),),
+             pg, call, buf)
     finally:
         gpu.release(staging)  # a staged GPU buffer goes back to the pool once sent
 
@@ -78,10 +83,11 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     try:
         source = peer_rank(pg, src, group_src, call, "src", any_source=True)
         status = MPI.Status()
+        buf = [arr, d.mpi]
         try:
-            pg.comm.Recv([arr, d.mpi], source, mpi_tag(tag, call), status)
+            wait((pg.comm.Irecv(buf, source, mpi_tag(tag, call)),), pg, call, buf, [status])
         except MPI.Exception as exc:
-            raise _truncated(exc, arr, call) from exc
+            raise _truncated(exc, arr, call, status) from exc
         _check_count(arr, status, call, pg, d)
     except BaseException:
         gpu.release(staging)
@@ -105,7 +111,7 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     except BaseException:
         gpu.release(staging)
         raise
-    return Work((req,), call, gpu.completion(staging, None, None), tensor, seconds(pg.timeout), keep=arr)
+    return Work((req,), call, gpu.completion(staging, None, None), tensor, pg, keep=arr)
 
 
 @define(gpu_direct=True, hooked=False)
@@ -127,7 +133,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
         raise
     status = MPI.Status()
     check = gpu.completion(staging, lambda: _check_count(arr, status, call, pg, d), tensor)
-    return Work((req,), call, check, tensor, seconds(pg.timeout), keep=arr, statuses=[status])
+    return Work((req,), call, check, tensor, pg, keep=arr, statuses=[status])
 
 
 class P2POp:

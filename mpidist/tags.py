@@ -3,8 +3,9 @@
 * user tags ``0..MAX_TAG`` of ``send``/``recv`` travel as the even MPI tags ``2 * tag``;
 * object messages (``send_object_list``) as the odd ones ``2 * tag + 1``, so an any-source
   receive of an array never matches a pickled object;
-* the pair above both ranges belongs to ``monitored_barrier`` (arrivals and answers): a
-  private duplicate communicator would be a collective, and a missing rank would hang it.
+* the three tags above both ranges belong to ``monitored_barrier`` (arrivals and answers)
+  and to the timeout notices of :mod:`mpidist.timeouts`: a private duplicate communicator
+  would be a collective, and a missing rank would hang its creation.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from mpi4py import MPI
 
 from . import errors
 
-#: Largest tag a user may pass (half of ``MPI_TAG_UB``, less the monitored-barrier pair).
-MAX_TAG = (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 1) // 2 - 1
+#: Largest tag a user may pass (half of ``MPI_TAG_UB``, less the three reserved tags).
+MAX_TAG = (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 2) // 2 - 1
 #: Channels: arrays and objects.
 ARRAYS, OBJECTS = 0, 1
 #: ``monitored_barrier``'s arrival and answer tags.
 ARRIVE = 2 * (MAX_TAG + 1)
 ANSWER = ARRIVE + 1
+#: A rank that gave up waiting on a group tells its peers on this tag.
+NOTICE = ARRIVE + 2
 
 
 def mpi_tag(tag: Any, call: Any, channel: int = ARRAYS) -> int:

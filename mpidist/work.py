@@ -1,9 +1,9 @@
 """Work: the handle an ``async_op=True`` call returns — MPI request(s) plus a completion step.
 
 ``wait()`` completes the requests and then runs the call's post-steps (AVG's divide,
-copies out of a staging buffer, unpickling) exactly once. A timeout bounds the wait:
-the requests are polled with ``MPI_Testall`` and short, growing sleeps, so a waiting
-rank never spins a core that an oversubscribed peer needs.
+copies out of a staging buffer, unpickling) exactly once. The group's timeout bounds the
+wait (:func:`mpidist.timeouts.wait`: polling with a backoff, never spinning a core that an
+oversubscribed peer needs); past it the wait raises and the group is broken.
 """
 
 from __future__ import annotations
@@ -13,22 +13,10 @@ from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
 
-from . import errors
+from . import errors, timeouts
 from .calls import define
-from .waiting import deadline, poll, seconds
-
-
-@define(group_arg="", hooked=False)
-def wait_all(reqs: Sequence[MPI.Request], timeout: float | None, call: Any,
-             statuses: list[MPI.Status] | None = None) -> None:
-    """``MPI_Waitall``, bounded by ``timeout`` seconds when one is given."""
-    if timeout is None:
-        MPI.Request.Waitall(reqs, statuses)
-        return
-    if not poll(lambda: MPI.Request.Testall(reqs, statuses), deadline(timeout)):
-        raise errors.runtime_error(
-            call, f"timed out after {timeout:.3g} s waiting for the operation to complete"
-        )
+from .groups import ProcessGroup
+from .waiting import seconds
 
 
 class Work:
@@ -38,18 +26,17 @@ class Work:
     completion raised, ``result()`` the output arrays, ``get_future()`` a :class:`Future`.
     """
 
-    __slots__ = ("_reqs", "_post", "_output", "_call", "_timeout", "_done", "_exc",
+    __slots__ = ("_reqs", "_post", "_output", "_call", "_pg", "_done", "_exc",
                  "_statuses", "_keep")
 
-    def __init__(self, reqs: Sequence[MPI.Request], call: str,
-                 post: Callable[[], None] | None = None, output: Any = None,
-                 timeout: float | None = None, keep: Any = None,
+    def __init__(self, reqs: Sequence[MPI.Request], call: Any, post: Callable[[], None] | None,
+                 output: Any, pg: ProcessGroup, keep: Any = None,
                  statuses: list[MPI.Status] | None = None) -> None:
         self._reqs = list(reqs)
         self._post = post
         self._output = output
         self._call = call
-        self._timeout = timeout
+        self._pg = pg
         self._done = False
         self._exc: BaseException | None = None
         self._statuses = statuses
@@ -78,12 +65,21 @@ class Work:
 
     @define("Work.wait", group_arg="", hooked=False)
     def wait(self, timeout: timedelta | float | None = None) -> bool:
-        """Block until done; ``timeout`` (or the group's) bounds the wait with ``RuntimeError``."""
+        """Block until done, within the group's timeout or this ``timeout``.
+
+        Past the group's, :class:`~mpidist.timeouts.GroupTimeoutError` (a ``RuntimeError``) is
+        raised on every rank that waits and the group is broken; past an explicit
+        ``timeout``, a ``RuntimeError`` on this rank, and the work can be waited on again.
+        """
         if self._exc is not None:
             raise self._exc
         if not self._done:
-            limit = seconds(timeout) if timeout is not None else self._timeout
-            wait_all(self._reqs, limit, self._call, self._statuses)
+            try:
+                timeouts.wait(self._reqs, self._pg, self._call, self._keep, self._statuses,
+                              seconds(timeout) if timeout is not None else None)
+            except timeouts.GroupTimeoutError as exc:
+                self._exc = exc
+                raise
             self._finish()
         return True
 

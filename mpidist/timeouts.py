@@ -1,0 +1,154 @@
+"""Group timeouts that raise: the bounded wait every call ends in, and the broken group.
+
+MPI has no timeouts, and a blocking MPI routine cannot be interrupted. So a call on a
+group of more than one rank starts the nonblocking ``I*`` routine and waits here:
+:func:`wait` tests the requests once (the common case ends there) and otherwise polls them,
+backing off, until they complete or the group's ``timeout`` passes.
+
+Past the deadline the rank gives up, and tells its peers: it sends a notice (its call, its
+sequence number on the group and "gave up") to every other rank of the group, on the tag
+:mod:`mpidist.tags` reserves for it, then listens for a short grace period. A peer that is
+waiting in a call on the same group sees the notice in its own polling loop, gives up too
+and sends its own notice, so every rank that waits raises within about the grace period of
+the first, and each names the ranks it did not hear from -- the ones that never reached a
+call on the group, or that cannot be reached -- with their hosts. The group is then broken:
+its communicator is set aside (an abandoned collective cannot be cancelled) and every later
+call on it raises at once. The world and other groups keep working.
+
+A rank that is not waiting in a bounded wait (a blocking object collective, or busy
+outside mpidist) answers no notice; the stall watch (:mod:`mpidist.stall`) is the fallback
+there, aborting the job past the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from . import calls, errors, groups
+from .groups import ProcessGroup
+from .tags import NOTICE
+from .waiting import Backoff, poll, seconds
+
+#: What a notice says of its sender: it gave up waiting, or it answers one that did.
+GAVE_UP, WAITING = 1, 2
+_NOTICE_LEN = 4  # sequence number, call id, state, seconds waited (milliseconds)
+
+
+class GroupTimeoutError(RuntimeError):
+    """A call on a group did not complete within the group's timeout (the group is now broken)."""
+
+
+def _call_id(call: Any) -> int:
+    return zlib.crc32(str(call).encode()) & 0x7FFFFFFF
+
+
+def _call_name(cid: int) -> str:
+    for name in calls.REGISTRY:
+        if _call_id(name) == cid:
+            return name
+    return f"call {cid}"
+
+
+def grace(limit: float | None) -> float:
+    """Seconds a rank that gave up listens for its peers' notices."""
+    return min(max(0.1 * (limit or 0.0), 0.5), 5.0)
+
+
+def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = None,
+         statuses: list[MPI.Status] | None = None, timeout: float | None = None) -> None:
+    """Complete ``reqs`` of ``call`` on ``pg`` within the group's timeout.
+
+    Raises :class:`GroupTimeoutError` on every waiting rank past the deadline, or once a peer
+    has given up on the group; ``keep`` (the buffers of the abandoned requests) stays
+    referenced by the broken group. An explicit ``timeout`` (``Work.wait(timeout)``) is this
+    rank's own: past it a ``RuntimeError`` says so and the requests stay pending.
+    """
+    if MPI.Request.Testall(reqs, statuses):
+        return
+    limit = seconds(pg.timeout) if timeout is None else timeout
+    start = time.monotonic()
+    deadline = None if limit is None else start + limit
+    comm = pg.comm
+    heard: dict[int, np.ndarray] = {}
+    backoff = Backoff()
+
+    def finished() -> bool:
+        if MPI.Request.Testall(reqs, statuses):
+            return True
+        if comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
+            _take_notices(comm, heard)
+            return bool(heard)
+        return False
+
+    if poll(finished, deadline, backoff) and not heard:
+        return
+    if timeout is not None and not heard:
+        raise errors.runtime_error(
+            call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
+    _give_up(pg, call, reqs, keep, limit, time.monotonic() - start, heard)
+
+
+def _take_notices(comm: MPI.Intracomm, heard: dict[int, np.ndarray]) -> None:
+    """Receive every notice that has arrived (group rank -> its notice)."""
+    status = MPI.Status()
+    while comm.Iprobe(MPI.ANY_SOURCE, NOTICE, status):
+        msg = np.zeros(_NOTICE_LEN, np.int64)
+        comm.Recv([msg, MPI.INT64_T], status.Get_source(), NOTICE)
+        heard[status.Get_source()] = msg
+
+
+def _give_up(pg: ProcessGroup, call: Any, reqs: Sequence[MPI.Request], keep: Any, limit: float | None,
+             waited: float, heard: dict[int, np.ndarray]) -> None:
+    comm = pg.comm
+    me = pg._rank
+    peers = [r for r in range(pg._size) if r != me]
+    first = dict(heard)  # notices that arrived before this rank's own deadline
+    notice = np.array([pg.seq, _call_id(call), GAVE_UP, int(waited * 1000)], np.int64)
+    sends = [comm.Isend([notice, MPI.INT64_T], r, NOTICE) for r in peers]
+    end = time.monotonic() + grace(limit)
+    poll(lambda: _collect(comm, heard, peers), end)
+    _collect(comm, heard, peers)
+    for req in sends:
+        req.Free()  # a peer that never listens never takes it: let MPI finish it alone
+    groups.break_group(pg, (reqs, keep, notice))
+    raise GroupTimeoutError(errors.message(call, _report(pg, call, limit, waited, heard, first)))
+
+
+def _collect(comm: MPI.Intracomm, heard: dict[int, np.ndarray], peers: list[int]) -> bool:
+    if comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
+        _take_notices(comm, heard)
+    return all(r in heard for r in peers)
+
+
+def _limit(limit: float | None) -> str:
+    return "none" if limit is None else f"{limit:g} s"
+
+
+def _report(pg: ProcessGroup, call: Any, limit: float | None, waited: float,
+            heard: dict[int, np.ndarray], first: dict[int, np.ndarray]) -> str:
+    hosts = groups.registry.hosts
+    silent = [pg.ranks[r] for r in range(pg._size) if r != pg._rank and r not in heard]
+    where = f"{call} #{pg.seq} on group {pg.group_name!r} (global ranks {list(pg.ranks)})"
+    if first and (limit is None or waited < limit):
+        r, msg = min(first.items())
+        why = (f"{where}: Timed out after {waited:.3g} s here, since rank {pg.ranks[r]} gave up on "
+               f"{_call_name(int(msg[1]))} #{msg[0]} after {msg[3] / 1000:g} s (the group's timeout "
+               f"is {_limit(limit)})")
+    else:
+        why = f"{where}: Timed out after {waited:.3g} s (the group's timeout is {_limit(limit)})"
+    parts = [why]
+    if silent:
+        named = ", ".join(f"{g} ({hosts[g]})" if g < len(hosts) else str(g) for g in silent)
+        parts.append(f"not heard from rank{'s' if len(silent) > 1 else ''} {named}: not in a call on "
+                     "this group, or cut off from this rank")
+    others = sorted((pg.ranks[r], m) for r, m in heard.items())
+    if others:
+        parts.append("heard from " + ", ".join(
+            f"rank {g} ({_call_name(int(m[1]))} #{m[0]})" for g, m in others))
+    parts.append("the group is now broken: later calls on it raise at once")
+    return "; ".join(parts)

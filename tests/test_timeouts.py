@@ -1,0 +1,125 @@
+"""Group timeouts raise on every waiting rank, name the ranks not heard from, and break the group."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from helpers import gathered, still_works
+
+LIMIT = 1.0
+# the deadline plus the grace period for peers' notices, with room for an oversubscribed machine
+END_BY = LIMIT + 15.0
+
+
+def _short_group(dist):
+    """A group of every rank whose calls time out after LIMIT seconds."""
+    return dist.new_group(timeout=timedelta(seconds=LIMIT))
+
+
+def _timed(fn):
+    t0 = time.monotonic()
+    try:
+        fn()
+    except RuntimeError as exc:
+        return exc, time.monotonic() - t0
+    return None, time.monotonic() - t0
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", ["all_reduce", "broadcast", "barrier", "all_gather_into_tensor",
+                                 "async_all_reduce"])
+def test_a_missing_rank_makes_every_waiting_rank_raise(dist, rank, size, how):
+    g = _short_group(dist)
+    late = size - 1
+    t = np.ones(4)
+
+    def call():
+        if how == "all_reduce":
+            dist.all_reduce(t, group=g)
+        elif how == "broadcast":
+            dist.broadcast(t, src=late, group=g)  # the root may finish without its receivers
+        elif how == "barrier":
+            dist.barrier(group=g)
+        elif how == "all_gather_into_tensor":
+            dist.all_gather_into_tensor(np.zeros(4 * size), t, group=g)
+        else:
+            dist.all_reduce(t, group=g, async_op=True).wait()
+
+    report = None
+    if rank != late:
+        exc, took = _timed(call)
+        assert isinstance(exc, dist.GroupTimeoutError), exc
+        text = str(exc)
+        name = "all_reduce" if how == "async_all_reduce" else how
+        assert text.startswith(f"{name}: rank {rank}: ")
+        assert f"{name} #1 on group {g.group_name!r}" in text
+        assert " Timed out " in text or text.count("Timed out") == 1
+        assert f"not heard from rank {late} (" in text, text
+        assert LIMIT - 0.1 <= took < END_BY, took
+        # the group is broken: the next call raises at once, without waiting
+        exc2, took2 = _timed(lambda: dist.barrier(group=g))
+        assert "is broken" in str(exc2) and took2 < LIMIT
+        report = text
+    reports = gathered(dist, report)
+    # every waiting rank raised, and each names the same missing rank
+    assert all(f"not heard from rank {late} (" in r for r in reports[:late])
+    still_works(dist, size)  # the world and other groups keep working
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_late_rank_learns_at_once_that_its_peers_gave_up(dist, rank, size):
+    g = _short_group(dist)
+    late = size - 1
+    if rank != late:
+        exc, _ = _timed(lambda: dist.all_reduce(np.ones(2), group=g))
+        assert isinstance(exc, dist.GroupTimeoutError)
+    dist.barrier()  # the late rank arrives after the others have given up
+    if rank == late:
+        # its first call may still match the collective its peers abandoned (MPI cannot cancel
+        # a collective): then it completes with their data; the next call on the group must
+        # raise at once, since the peers left it
+        t = np.ones(2)
+        exc, took = _timed(lambda: dist.all_reduce(t, group=g))
+        if exc is None:
+            np.testing.assert_array_equal(t, np.full(2, float(size)))
+            exc, took = _timed(lambda: dist.all_reduce(t, group=g))
+        assert isinstance(exc, dist.GroupTimeoutError), exc
+        assert "gave up on all_reduce #1" in str(exc) and took < LIMIT, (str(exc), took)
+    still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_blocking_recv_with_no_sender_raises(dist, rank, size):
+    g = _short_group(dist)
+    if rank == 0:
+        exc, took = _timed(lambda: dist.recv(np.zeros(3), src=1, group=g, tag=5))
+        assert isinstance(exc, dist.GroupTimeoutError)
+        assert "recv #" in str(exc) and took >= LIMIT - 0.1
+    still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calls_that_complete_in_time_are_unaffected(dist, rank, size):
+    g = _short_group(dist)
+    for i in range(20):
+        t = np.full(3, float(rank + i))
+        dist.all_reduce(t, group=g)
+        expect = sum(r + i for r in range(size))
+        np.testing.assert_array_equal(t, np.full(3, float(expect)))
+    assert g.seq == 20 and g.broken is None
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_torch_backend_raises_past_the_group_timeout(tw, rank, size):
+    """torch's own test asks for ' (Timed out|closed|timeout) ' in the message, raised on time."""
+    g = tw.new_group(timeout=timedelta(seconds=LIMIT))
+    late = size - 1
+    if rank != late:
+        exc, took = _timed(lambda: tw.barrier(group=g))
+        assert exc is not None and " Timed out " in f" {exc} ", exc
+        assert LIMIT - 0.1 <= took < END_BY
+    tw.barrier()
