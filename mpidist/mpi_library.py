@@ -5,9 +5,10 @@ mpi4py (4.1 and later) is not built against one MPI: at ``from mpi4py import MPI
 search path: ``LD_LIBRARY_PATH``, the system cache), reads the ABI the library speaks
 (``mpich`` or ``openmpi``; ``MPI4PY_MPIABI`` names it instead, and then no library is
 opened: the ABI's extension module links ``libmpi.so.12`` or ``libmpi.so.40`` by name),
-loads that ABI's extension module and calls ``MPI_Init``. When any step fails, the user
-gets a traceback through mpi4py's import machinery. :func:`load` makes that an
-:class:`MPILibraryError` (an ``ImportError``) that says what was tried and the ways out:
+loads that ABI's extension module and calls ``MPI_Init``. When a step fails, the user gets
+a traceback through mpi4py's import machinery. :func:`load` (run when ``import mpidist``
+imports this module) makes that an :class:`MPILibraryError` (an ``ImportError``) that says
+what was tried and the ways out:
 
 - no library at all: :class:`MPILibraryNotFoundError`;
 - ``MPI4PY_MPIABI`` naming an ABI the library found does not speak, or one mpi4py has no
@@ -16,8 +17,8 @@ gets a traceback through mpi4py's import machinery. :func:`load` makes that an
   PMIx launcher with an MPICH built without PMIx, where ``MPI_Init`` would abort):
   :class:`MPILauncherMismatchError`, raised before ``MPI_Init``.
 
-:mod:`mpidist.thread_level` must run first (it sets ``mpi4py.rc`` before MPI initialises);
-``mpidist/__init__.py`` imports the two in that order. The helpers read mpi4py's private
+:mod:`mpidist.thread_level` must run first (it sets ``mpi4py.rc`` before MPI initialises):
+this module imports it before anything else. The helpers read mpi4py's private
 ``mpi4py._mpiabi`` (the loader itself, so the diagnosis follows the same search); without
 it they fall back to mpi4py's own error text.
 """
@@ -78,8 +79,9 @@ class MPILauncherMismatchError(MPILibraryError):
 def load() -> ModuleType:
     """Import and return ``mpi4py.MPI`` (which runs ``MPI_Init``), or raise :class:`MPILibraryError`.
 
-    Called once, by ``import mpidist``, after :mod:`mpidist.thread_level`. On failure an
-    uncaught error prints its message without a traceback (see :func:`_quiet_excepthook`).
+    Runs once, when ``import mpidist`` imports this module (after :mod:`mpidist.thread_level`).
+    On failure an uncaught error prints its message without a traceback (see
+    :func:`_quiet_excepthook`).
     """
     loaded = sys.modules.get("mpi4py.MPI")
     if loaded is not None:
