@@ -257,11 +257,11 @@ def _raise_launcher_mismatch(launcher: str, loaded: str, consequence: str) -> No
     )
 
 
-def _ways_to_match(library: str | None) -> str:
+def _ways_to_match(library: str | None, sep: str = "\n") -> str:
     own = mpiexec_beside(library)
     theirs = launcher_library()
-    return (f"Start the job with that library's mpiexec ({own or 'mpiexec'} -n N python ...),\n"
-            f"or make mpi4py load the launcher's MPI: MPI4PY_LIBMPI={theirs or '/path/to/its/libmpi.so'}\n"
+    return (f"Start the job with that library's mpiexec ({own or 'mpiexec'} -n N python ...),{sep}"
+            f"or make mpi4py load the launcher's MPI: MPI4PY_LIBMPI={theirs or '/path/to/its/libmpi.so'}{sep}"
             "(keep one MPI per virtualenv; `python -m mpidist info` shows which library mpi4py loads).")
 
 
@@ -281,7 +281,7 @@ def launcher_hint(var: str) -> str:
     vendor, version = MPI.get_vendor()
     library = mpi_library_path()
     return (f"{launcher} started them, but mpi4py loaded {vendor} {'.'.join(map(str, version))} "
-            f"({library or 'unknown path'}), which did not join that job. " + _ways_to_match(library))
+            f"({library or 'unknown path'}), which did not join that job. " + _ways_to_match(library, " "))
 
 
 # -- turning mpi4py's errors into messages ------------------------------------------------------
