@@ -305,7 +305,7 @@ def diagnose(exc: BaseException) -> MPILibraryError:
             f"mpidist: MPI4PY_MPIABI={os.environ['MPI4PY_MPIABI']}, but the MPI library mpi4py finds speaks "
             f"the {abi} ABI ({_ABI_NAMES.get(abi, abi)}):\n  {library or 'libmpi'}\n"
             f"so mpi4py's {wanted} module cannot load ({failed}).\n"
-            f"Unset MPI4PY_MPIABI (mpi4py reads the ABI from the library), or set it to {abi}.\n"
+            "Unset MPI4PY_MPIABI: mpi4py reads the ABI from the library.\n"
             f"To use {_ABI_NAMES.get(wanted, wanted)} instead: MPI4PY_LIBMPI=/path/to/"
             f"{_ABI_SONAME.get(wanted, 'libmpi.so')} with MPI4PY_MPIABI unset."
         )
