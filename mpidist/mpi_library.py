@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 from types import ModuleType
 from typing import Any
 
@@ -363,11 +364,14 @@ def _quiet_excepthook() -> None:
             previous(kind, value, tb)
             return
         rank = next((os.environ[v] for v in _RANK_VARS if v in os.environ), "0")
-        text = str(value)
-        if rank != "0":
-            text = f"[rank {rank}] mpidist: {value.summary} (rank 0 says more)"
-        sys.stderr.write(text + "\n")
+        if rank == "0":
+            sys.stderr.write(f"{value}\n")
+            sys.stderr.flush()
+            return
+        sys.stderr.write(f"[rank {rank}] mpidist: {value.summary} (rank 0 says more)\n")
         sys.stderr.flush()
+        # Open MPI ends the job at the first rank that fails: let rank 0 print first
+        time.sleep(1.0)
 
     sys.excepthook = hook
 
