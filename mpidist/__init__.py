@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from . import mpi_library as _mpi_library  # noqa: F401  (loads mpi4py.MPI, or says why it cannot)
 from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
 from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
 from .data import DistributedSampler

@@ -13,7 +13,7 @@ import os
 
 from mpi4py import MPI
 
-from . import errors
+from . import errors, mpi_library
 
 # Variables a launcher sets to the number of processes it started.
 _SIZE_VARS = ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE")
@@ -45,9 +45,7 @@ def _hint(var: str) -> str:
     if var == "WORLD_SIZE":
         return ("torchrun-style variables are set but no MPI launcher started the processes: "
                 "use `mpiexec -n N python ...` instead of torchrun")
-    return ("the launcher and the MPI library that mpi4py loaded do not match (compare "
-            "`python -m mpidist info` with `which mpiexec`): start the job with `mpiexec -n N "
-            "python ...` of that library, or pick the library with MPI4PY_LIBMPI / MPI4PY_MPIABI")
+    return mpi_library.launcher_hint(var)
 
 
 def check_not_singleton_trap(call: str) -> None:
