@@ -25,14 +25,14 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(f"no simulated cluster: {reason}")
 
 
-def start(nodes: int) -> harness.Cluster:
+def start(nodes: int, **kw) -> harness.Cluster:
     if os.environ.get("MPIDIST_CLUSTER") == "0":
         pytest.skip("cluster tests switched off (MPIDIST_CLUSTER=0)")
     reason = harness.unavailable_reason()
     if reason:
         skip_or_fail(reason)
     try:
-        return harness.Cluster(nodes).start()
+        return harness.Cluster(nodes, **kw).start()
     except harness.ClusterUnavailableError as exc:
         skip_or_fail(str(exc))
         raise
@@ -54,9 +54,9 @@ def run(cluster: harness.Cluster, layout: list[int], args: list[str], timeout: f
     return proc
 
 
-def cluster_of(nodes: int):
+def cluster_of(nodes: int, **kw):
     """Generator body for a fixture: ``yield from cluster_of(3)`` gives a started 3-node cluster."""
-    c = start(nodes)
+    c = start(nodes, **kw)
     try:
         yield c
     finally:

@@ -320,7 +320,7 @@ esac
 exec {nsenter} --net={netns_dir}/"$ns" {unshare} --uts --mount sh -c '
 mount --bind "$0" /etc/hosts && hostname "$1" || exit 255
 if [ -f "$2" ]; then . "$2" || exit 255; fi
-shift 2; exec "$@"' {hosts} "$node" {state}/mounts/"$node".sh "$@"
+shift 2; exec "$@"' {state}/hosts.d/"$node" "$node" {state}/mounts/"$node".sh "$@"
 """
 
 SSH_SCRIPT = """#!/bin/sh
@@ -347,9 +347,17 @@ class Cluster:
     detached : bool
         Leave the cluster up when this process ends (``harness.py up``); without it a later
         :func:`cleanup_stale` removes a cluster whose owner died.
+    resolve : {"all", "self"}
+        ``"all"``: every node resolves every node's name (and ``head``). ``"self"``: a node
+        knows only its own name, at 127.0.1.1 as Debian's ``/etc/hosts`` writes it, like
+        nodes without DNS; peers' names do not resolve.
     """
 
-    def __init__(self, nodes: int | Sequence[str] = 2, *, detached: bool = False) -> None:
+    def __init__(self, nodes: int | Sequence[str] = 2, *, detached: bool = False,
+                 resolve: str = "all") -> None:
+        if resolve not in ("all", "self"):
+            raise ValueError(f"resolve must be 'all' or 'self', got {resolve!r}")
+        self.resolve = resolve
         names = [f"node{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         if not names or len(names) > 250 or len(set(names)) != len(names):
             raise ValueError(f"need 1-250 distinct node names, got {names!r}")
@@ -433,7 +441,7 @@ class Cluster:
     def _save(self) -> None:
         owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
         st = {"id": self.id, "owner": owner, "detached": self.detached, "bridge": self.bridge,
-              "head": self.head_address, "nodes": [n.__dict__ for n in self.nodes],
+              "head": self.head_address, "resolve": self.resolve, "nodes": [n.__dict__ for n in self.nodes],
               "daemons": self.daemons}
         tmp = self.state / "state.json.tmp"
         tmp.write_text(json.dumps(st, indent=1))
@@ -457,12 +465,16 @@ class Cluster:
         lines = ["127.0.0.1 localhost", f"{self.head_address} head"]
         lines += [f"{n.address} {n.name}" for n in self.nodes]
         self.hosts_file.write_text("\n".join(lines) + "\n")
+        (self.state / "hosts.d").mkdir()
+        for n in self.nodes:
+            own = lines if self.resolve == "all" else ["127.0.0.1 localhost", f"127.0.1.1 {n.name}"]
+            (self.state / "hosts.d" / n.name).write_text("\n".join(own) + "\n")
         (self.state / "mounts").mkdir()
         (self.state / "bin").mkdir()
         cases = "\n".join(f"  {n.name}) ns={n.netns};;" for n in self.nodes)
         self._script("on", ON_SCRIPT.format(
             cid=self.id, cases=cases, nsenter=_which("nsenter"), unshare=_which("unshare"),
-            netns_dir=NETNS_DIR, hosts=self.hosts_file, state=self.state))
+            netns_dir=NETNS_DIR, state=self.state))
         self._script("ssh", SSH_SCRIPT.format(on=self.on))
 
     def _script(self, name: str, text: str) -> None:
@@ -495,7 +507,7 @@ class Cluster:
         st = _read_state(Path(state_dir))
         if st is None:
             raise ClusterUnavailableError(f"no cluster recorded in {state_dir}")
-        c = cls([n["name"] for n in st["nodes"]], detached=st["detached"])
+        c = cls([n["name"] for n in st["nodes"]], detached=st["detached"], resolve=st.get("resolve", "all"))
         c.id, c.state = st["id"], Path(state_dir)
         c.nodes = [Node(**n) for n in st["nodes"]]
         c.daemons = dict(st.get("daemons", {}))
