@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from . import errors, failure, groups, monitor
+from . import census, errors, failure, groups, monitor
 from .groups import GroupMember, ProcessGroup
 
 #: Default timeout of a process group, as torch's (30 minutes).
@@ -153,6 +153,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1:
         failure.install()
     monitor.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
+    census.record_hosts()  # host of every rank, for the stall report's "not heard from" hosts
 
 
 def init_process(group_name: str, rank: int = -1, world_size: int = -1,
