@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from . import startup as _startup  # bounds MPI_Init, which the imports below run
 from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
 from .collectives import (
     all_gather,
@@ -75,6 +76,7 @@ from .world import (
 )
 
 _make_nccl_premul_sum = make_premul_sum
+_startup.disarm()  # MPI_Init has returned
 
 __version__ = "0.1.0"
 
