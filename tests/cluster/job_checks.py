@@ -255,6 +255,15 @@ def check_topology() -> tuple:
     column = [b[local] for b in blocks if local < len(b)]
     check("new_subgroups_by_local_rank", lambda: _eq(dist.get_process_group_ranks(cur), column))
     check("new_subgroups_by_local_rank count", lambda: _eq(len(allg), max(layout)))
+    # new_subgroups() defaults to the ranks per node: on uneven nodes every rank must raise
+    try:
+        sub, _ = dist.new_subgroups()
+    except ValueError as exc:
+        msg = str(exc)
+        check("new_subgroups() on uneven nodes raises", lambda: _eq(
+            (len(set(layout)) > 1, "nodes hold" in msg), (True, True)))
+    else:
+        check("new_subgroups() on even nodes", lambda: _eq(dist.get_process_group_ranks(sub), mine))
     if len(set(layout)) == 1:
         check("node_mesh", lambda: _eq(dist.node_mesh(), blocks))
     else:
