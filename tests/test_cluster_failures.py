@@ -25,8 +25,8 @@ import time
 import pytest
 from cluster.fixtures import ROOT, cluster_of, job_env
 
-GROUP_TIMEOUT = 8.0
-STALL_WARN = 2.0
+GROUP_TIMEOUT = 5.0
+STALL_WARN = 1.5
 BOUND = 60.0  # a job still running this long after the fault has hung
 
 
@@ -138,7 +138,7 @@ def test_bad_node_at_start(cluster3, fault):
         cluster3.hide("node1", job_dir)
     try:
         start = time.monotonic()
-        job = Job(cluster3, [1, 1], [str(job_dir / "job_fault.py"), "60"], MPIDIST_INIT_TIMEOUT_S="10")
+        job = Job(cluster3, [1, 1], [str(job_dir / "job_fault.py"), "60"], MPIDIST_INIT_TIMEOUT_S="3")
         end = job.finish(timeout=45)
     finally:
         cluster3.hosts_arg = hosts_arg
@@ -152,5 +152,5 @@ def test_bad_node_at_start(cluster3, fault):
               "no job files": "can't open file"}[fault]
     assert expect in out, out
     if fault == "no job files":  # the rank on node0 waits in MPI_Init for the one that never came
-        assert "mpidist: MPI_Init has not returned after 10 s on node0" in out, out
+        assert "mpidist: MPI_Init has not returned after 3 s on node0" in out, out
     print(f"\n{fault} at start: job failed after {end - start:.2f} s with: {expect}")

@@ -16,7 +16,7 @@ import pytest
 from cluster import slurm as cslurm
 from cluster.fixtures import ROOT, cluster_of, job_env
 
-EPOCHS = 2
+EPOCHS = 1
 MIN_ACCURACY = 0.8
 TIMEOUT = 240
 
