@@ -30,6 +30,7 @@ whose owner died, and ``mdc*`` links or namespaces no live cluster claims).
 API (``from cluster.harness import Cluster`` with ``tests/`` on ``sys.path``)::
 
     with Cluster(3) as c:                       # start 3 nodes; stopped on exit, also on error
+        # (Cluster(2, resolve="self"): nodes that cannot resolve each other's names)
         proc = c.run_mpi([2, 1, 2], ["job.py"], timeout=60)   # 5 ranks: 2 + 1 + 2
         c.shape("node1", rate="1gbit")          # tc tbf on node1's link, both directions
         c.cut("node2"); c.restore("node2")      # link down / up
