@@ -9,9 +9,14 @@ where namespaces cannot be made (not root, no ``ip netns``).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
-from cluster.fixtures import cluster_of, run
+from cluster import harness
+from cluster.fixtures import ROOT, cluster_of, run, start
 
 LAYOUTS = [[2, 1], [1, 2, 1], [2, 2]]
 
@@ -51,3 +56,22 @@ def test_info_lists_every_host(cluster3):
     for line in ("host node0:", "2 rank(s): 0-1", "host node1:", "1 rank(s): 2", "host node2:",
                  "2 rank(s): 3-4"):
         assert line in text, text
+
+
+def test_leftovers_of_a_killed_run_are_removed():
+    """A process killed with its cluster up leaves namespaces, links and state; cleanup removes them."""
+    start(1).stop()  # skips (or fails, where required) with the reason when namespaces cannot be made
+    code = ("import sys, time; sys.path.insert(0, 'tests'); from cluster.harness import Cluster; "
+            "c = Cluster(2).start(); print(c.id, flush=True); time.sleep(120)")
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        cid = int(owner.stdout.readline())
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+    state = harness.STATE_ROOT / f"mpidist-cluster-{cid}"
+    assert state.exists() and f"mdc{cid}-node1" in harness._netns_names()
+    removed = harness.cleanup_stale()
+    assert any(f"cluster {cid} " in r for r in removed), removed
+    assert not state.exists()
+    assert not [n for n in harness._netns_names() + harness._link_names() if n.startswith(f"mdc{cid}")]
