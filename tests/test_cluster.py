@@ -51,8 +51,10 @@ def test_info_lists_every_host(cluster3):
     assert facts["world_size"] == 5 and facts["num_nodes"] == 3
     assert facts["hosts"] == {"node0": [0, 1], "node1": [2], "node2": [3, 4]}
     assert not facts["problems"], facts["problems"]
+    assert facts["network_env"] == {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
     text = run(cluster3, layout, ["-m", "mpidist", "info"]).stdout
     assert "5 on 3 node(s)" in text
+    assert "MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp" in text
     for line in ("host node0:", "2 rank(s): 0-1", "host node1:", "1 rank(s): 2", "host node2:",
                  "2 rank(s): 3-4"):
         assert line in text, text
