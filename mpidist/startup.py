@@ -69,7 +69,8 @@ def arm() -> None:
     """Fork the watcher, unless MPI is already loaded, no launcher started us, or it is off."""
     global _watcher
     limit = timeout_s()
-    if _watcher is not None or limit <= 0 or "mpi4py.MPI" in sys.modules or not _launched():
+    if (_watcher is not None or limit <= 0 or "mpi4py.MPI" in sys.modules or not _launched()
+            or not hasattr(os, "fork")):
         return
     read_end, write_end = os.pipe()
     parent = os.getpid()
