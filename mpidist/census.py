@@ -25,6 +25,8 @@ from mpi4py import MPI
 TAG = 0
 #: Messages sent more than this before this rank's own stall began are from an earlier stall.
 _STALE_S = 1.0
+#: How long a fresh roll call waits for the answers of peers that stalled at the same moment.
+_GRACE_S = 2.0
 
 HOSTS: list[str] = []
 _comm: list[MPI.Intracomm] = []  # the roll call's own duplicate of the world
@@ -54,6 +56,7 @@ class RollCall:
         self.pg = pg
         self.call = call
         self.began = time.time() - waited  # when this rank's stall began (wall clock: compared across ranks)
+        self.sent = time.monotonic()
         self.heard: dict[int, str] = {}  # global rank -> the call it was stalled in
         self.sends: list[MPI.Request] = []
         self.enabled = MPI.Query_thread() == MPI.THREAD_MULTIPLE and bool(_comm)
@@ -81,13 +84,20 @@ class RollCall:
         except MPI.Exception:
             self.enabled = False
 
-    def describe(self) -> str:
-        """The peers heard from (stalled too) and those not heard from, with their hosts."""
+    def describe(self, grace: float = _GRACE_S) -> str:
+        """The peers heard from (stalled too) and those not heard from, with their hosts.
+
+        A roll call younger than ``grace`` seconds first waits that long for answers (the
+        peers start theirs at about the same moment).
+        """
         if not self.enabled:
             return "who it waits for is unknown (the roll call needs MPI_THREAD_MULTIPLE)"
-        self.poll()
         me = MPI.COMM_WORLD.Get_rank()
         peers = [r for r in self.pg.ranks if r != me]
+        self.poll()
+        while any(r not in self.heard for r in peers) and time.monotonic() < self.sent + grace:
+            time.sleep(0.05)
+            self.poll()
         silent = [r for r in peers if r not in self.heard]
         if not silent:
             other = {r: c for r, c in self.heard.items() if c != self.call}
