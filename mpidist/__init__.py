@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from . import mpi_library as _mpi_library  # noqa: F401  (loads mpi4py.MPI, or says why it cannot)
+from . import startup as _startup  # bounds MPI_Init, which the imports below run
 from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
 from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
 from .data import DistributedSampler
@@ -28,6 +29,14 @@ from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .parallel import average_gradients
 from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from .timeouts import GroupTimeoutError
+from .topology import (
+    new_local_rank_group,
+    new_node_group,
+    new_subgroups_by_local_rank,
+    new_subgroups_by_node,
+    node_mesh,
+    node_ranks,
+)
 from .work import Future, Work
 from .world import (
     Backend,
@@ -47,6 +56,7 @@ from .world import (
 )
 
 _make_nccl_premul_sum = make_premul_sum
+_startup.disarm()  # MPI_Init has returned
 
 __version__ = "0.1.0"
 
@@ -63,4 +73,6 @@ __all__ = [
     "make_premul_sum", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
     "recv_object_list", "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor",
     "scatter", "scatter_object_list", "send", "send_object_list", "split_group",
+    "new_local_rank_group", "new_node_group", "new_subgroups_by_local_rank", "new_subgroups_by_node",
+    "node_mesh", "node_ranks",
 ]

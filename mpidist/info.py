@@ -21,6 +21,10 @@ from mpi4py import MPI
 
 from . import gpu, launcher
 
+#: Variables that choose the network MPI uses between nodes (reported when set).
+NETWORK_VARS = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES",
+                "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_btl_tcp_if_include", "I_MPI_FABRICS")
+
 _THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                   MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
 
@@ -98,6 +102,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "cuda_aware": cuda_aware(),
         "gpu_path": _gpu_path(),
         "launcher": launcher.detect_launcher(size),
+        "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
         "world_size": size,
         "num_nodes": num_nodes,
         "hosts": None,
@@ -130,6 +135,8 @@ def render(facts: dict[str, Any]) -> str:
         ("CUDA-aware MPI", facts["cuda_aware"]),
         ("GPU path", facts.get("gpu_path") or "unknown"),
         ("launcher", facts["launcher"]),
+        ("network", " ".join(f"{k}={v}" for k, v in facts.get("network_env", {}).items())
+         or "the MPI library's default (no FI_/UCX_/netmod variable set)"),
         ("world size", f"{facts['world_size']} on {facts['num_nodes']} node(s)"),
     ]
     lines = [f"{k + ':':<18} {v}" for k, v in rows]

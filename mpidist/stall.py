@@ -23,7 +23,7 @@ from types import FrameType
 
 from mpi4py import MPI
 
-from . import calls, debug, errors, failure, groups, waiting
+from . import calls, census, debug, errors, failure, groups, waiting
 from .groups import ProcessGroup, resolve
 from .waiting import seconds
 
@@ -72,6 +72,7 @@ class StallWatch:
         self.warn_s = warn_s
         self.period = min(1.0, max(0.01, warn_s / 10))
         self.seen: dict[int, tuple[FrameType, float, bool]] = {}  # thread id -> (entry, since, warned)
+        self.roll_calls: dict[int, census.RollCall] = {}  # thread id -> its stalled call's roll call
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mpidist-stall-watch", daemon=True)
         self.thread.start()
@@ -93,6 +94,8 @@ class StallWatch:
             entry = frames[-1]
             old = self.seen.get(tid)
             since, warned = (old[1], old[2]) if old is not None and old[0] is entry else (now, False)
+            if not warned:
+                self._end_roll_call(tid)
             waited = now - since
             if waited >= self.warn_s:
                 name, pg, bounded = _describe(frames, tid)
@@ -101,15 +104,29 @@ class StallWatch:
                 if not warned:
                     _say(report(name, pg, waited, frames))
                     warned = True
+                    if pg is not None:
+                        self.roll_calls[tid] = census.RollCall(pg, name, waited)
                 if limit is not None and waited >= limit and not bounded:
-                    failure.abort(report(name, pg, waited, frames) + f"\nthe group's timeout of "
-                                  f"{limit:g} s has passed; aborting the MPI job (MPI_Abort)")
+                    failure.abort(report(name, pg, waited, frames, self.roll_calls.get(tid))
+                                  + f"\nthe group's timeout of {limit:g} s has passed; aborting the MPI "
+                                  "job (MPI_Abort)")
             seen[tid] = (entry, since, warned)
         self.seen = seen
+        for tid in [t for t in self.roll_calls if t not in seen]:
+            self._end_roll_call(tid)
+
+    def _end_roll_call(self, tid: int) -> None:
+        call = self.roll_calls.pop(tid, None)
+        if call is not None:
+            call.close()
 
 
-def report(name: str, pg: ProcessGroup | None, waited: float, frames: list[FrameType]) -> str:
-    """The stall report: which call, on which rank and group, has waited how long, and where."""
+def report(name: str, pg: ProcessGroup | None, waited: float, frames: list[FrameType],
+           roll_call: census.RollCall | None = None) -> str:
+    """The stall report: which call, on which rank and group, has waited how long, and where.
+
+    With the call's ``roll_call`` it also names the ranks (and hosts) not heard from.
+    """
     where = ""
     if pg is not None:
         seq = debug.last_seq(pg)
@@ -117,8 +134,10 @@ def report(name: str, pg: ProcessGroup | None, waited: float, frames: list[Frame
                 (f", last checked call #{seq})" if seq else ")")
     stack = "".join(traceback.format_stack(frames[-1].f_back, limit=3)) if frames[-1].f_back else ""
     warn = _watch.warn_s if _watch else stall_warn_s()
-    return (f"mpidist stall: rank {errors.WORLD_RANK} has waited {waited:.1f} s in {name}{where}; "
-            f"a peer has not reached the matching call (stall warning after {warn:g} s, "
+    known = roll_call.describe() if roll_call is not None else \
+        "a peer has not reached the matching call, or the network to a peer has failed"
+    return (f"mpidist stall: rank {errors.WORLD_RANK} has waited {waited:.1f} s on "
+            f"{census.host_of(errors.WORLD_RANK)} in {name}{where}; {known} (stall warning after {warn:g} s, "
             f"MPIDIST_STALL_WARN_S)\ncalled from:\n{stack}")
 
 

@@ -64,15 +64,22 @@ def new_subgroups(group_size: int | None = None, group: ProcessGroup | None = No
 
     Returns ``(this rank's subgroup, every subgroup)``; the list holds
     ``NON_GROUP_MEMBER`` for groups this rank is not in. ``group_size`` defaults to the
-    number of ranks on this node (``MPI_COMM_TYPE_SHARED``) and must divide the world size.
+    number of ranks on this node (``MPI_COMM_TYPE_SHARED``; every node must hold as many)
+    and must divide the group size.
     """
     call = "new_subgroups"
     parent = resolve(group, call)
     size = parent._size
     if group_size is None:
-        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        node = parent.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        sizes = set(parent.comm.allgather(node.Get_size()))
         group_size = node.Get_size()
         node.Free()
+        if len(sizes) > 1:  # every rank raises, not only those whose node size does not divide
+            raise errors.value_error(
+                call, f"group_size defaults to the ranks per node, but the nodes hold {sorted(sizes)} ranks; "
+                "pass group_size, or use new_subgroups_by_node() for one group per node"
+            )
     group_size = _as_rank(group_size, call, "group_size")
     if group_size <= 0:
         raise errors.value_error(call, f"group_size must be positive, got {group_size}")
