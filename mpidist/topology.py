@@ -25,7 +25,8 @@ from typing import Any
 from mpi4py import MPI
 
 from . import errors
-from .groups import GroupMember, ProcessGroup, resolve, split_group
+from .groups import GroupMember, ProcessGroup, resolve
+from .subgroups import split_group
 
 
 def node_ranks(group: Any = None) -> list[list[int]]:
