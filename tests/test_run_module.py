@@ -37,7 +37,7 @@ _DIFFER = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_US
 
 DUMP = """
 import json, os, sys
-rank = os.environ.get("PMI_RANK", os.environ.get("RANK"))
+rank = os.environ.get("PMI_RANK") or os.environ.get("RANK") or os.environ["SLURM_PROCID"]
 with open(os.path.join(os.environ["DUMP_DIR"], f"{os.environ['DUMP_TAG']}-{rank}.json"), "w") as f:
     json.dump({"env": dict(os.environ), "argv": sys.argv, "name": __name__, "path0": sys.path[0]}, f)
 """
@@ -88,20 +88,23 @@ def dump_script(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_variables_equal_torchruns(dump_script, n, tmp_path):
-    def env(tag):
-        return {"DUMP_DIR": str(tmp_path), "DUMP_TAG": tag}
-
-    ref = python([*TORCHRUN, str(n), str(dump_script)], env("torchrun"))
+def torchrun_dumps(dump_script, where, n: int) -> tuple[dict[int, dict], dict[str, str]]:
+    """What each of torchrun's ``n`` workers saw, and the environment torchrun was started with."""
+    ref = python([*TORCHRUN, str(n), str(dump_script)], {"DUMP_DIR": str(where), "DUMP_TAG": "torchrun"})
     assert ref.returncode == 0, ref.stderr[-3000:]
-    bare = mpi(n, [str(dump_script)], env("bare"))
-    ours = mpi(n, ["-m", "mpidist.run", str(dump_script), "--flag", "x"], env("ours"))
-    assert bare.returncode == 0 and ours.returncode == 0, bare.stderr[-2000:] + ours.stderr[-2000:]
-    theirs, base, mine = dumps(tmp_path, "torchrun"), dumps(tmp_path, "bare"), dumps(tmp_path, "ours")
+    return dumps(where, "torchrun"), clean_env(PYTHONUNBUFFERED="", DUMP_DIR=str(where))
+
+
+def assert_like_torchrun(theirs: dict[int, dict], started_with: dict[str, str], base: dict[int, dict],
+                         mine: dict[int, dict]) -> None:
+    """What mpidist.run added to each rank (``mine`` less ``base``) is what torchrun added.
+
+    Key by key: the same variables (less :data:`~mpidist.torchrun_env.AGENT_ONLY`), the
+    same values but for the address, port and run id (one per job) and the agent store.
+    """
+    n = len(theirs)
     assert sorted(theirs) == sorted(base) == sorted(mine) == list(range(n))
-    launcher_env = clean_env(PYTHONUNBUFFERED="", DUMP_DIR=str(tmp_path))
-    want = {r: {k: v for k, v in d["env"].items() if launcher_env.get(k) != v} for r, d in theirs.items()}
+    want = {r: {k: v for k, v in d["env"].items() if started_with.get(k) != v} for r, d in theirs.items()}
     got = added(mine, base)
     for r in range(n):
         assert "RANK" in want[r] and "MASTER_PORT" in want[r], want[r]  # the reference is real
@@ -113,11 +116,22 @@ def test_variables_equal_torchruns(dump_script, n, tmp_path):
         assert 0 < int(got[r]["MASTER_PORT"]) < 65536
         store = "TORCHELASTIC_USE_AGENT_STORE"  # torchrun's agent serves the store; here rank 0 does
         assert (want[r][store], got[r][store]) == ("True", "False")
-        # the script runs as `python script.py --flag x` would run it
-        assert mine[r]["argv"] == [str(dump_script), "--flag", "x"]
-        assert mine[r]["name"] == "__main__" and mine[r]["path0"] == str(dump_script.parent)
     for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         assert len({got[r][key] for r in range(n)}) == 1, key
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_variables_equal_torchruns(dump_script, n, tmp_path):
+    theirs, started_with = torchrun_dumps(dump_script, tmp_path, n)
+    bare = mpi(n, [str(dump_script)], {"DUMP_DIR": str(tmp_path), "DUMP_TAG": "bare"})
+    ours = mpi(n, ["-m", "mpidist.run", str(dump_script), "--flag", "x"],
+               {"DUMP_DIR": str(tmp_path), "DUMP_TAG": "ours"})
+    assert bare.returncode == 0 and ours.returncode == 0, bare.stderr[-2000:] + ours.stderr[-2000:]
+    mine = dumps(tmp_path, "ours")
+    assert_like_torchrun(theirs, started_with, dumps(tmp_path, "bare"), mine)
+    for r in range(n):  # the script runs as `python script.py --flag x` would run it
+        assert mine[r]["argv"] == [str(dump_script), "--flag", "x"]
+        assert mine[r]["name"] == "__main__" and mine[r]["path0"] == str(dump_script.parent)
 
 
 def test_a_module_runs_with_its_arguments(dump_script):
