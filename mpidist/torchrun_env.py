@@ -161,7 +161,7 @@ def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool) -> t
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind(("127.0.0.1" if single_node else "", 0))
-                listener.listen(max(comm.Get_size(), 8))
+                listener.listen(socket.SOMAXCONN)  # probes queue up unaccepted
                 port = str(listener.getsockname()[1])
             elif not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"$MASTER_PORT={port!r} is not a port number (1-65535)")
