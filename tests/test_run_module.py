@@ -71,9 +71,14 @@ def dumps(where, tag: str) -> dict[int, dict]:
     return out
 
 
+#: A launcher's own variables, which differ from one job step to the next (ports, step ids).
+_LAUNCHER_OWN = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "SLURM_")
+
+
 def added(job: dict[int, dict], base: dict[int, dict]) -> dict[int, dict[str, str]]:
-    """Per rank, the variables ``job`` has that ``base`` lacks or sets otherwise."""
-    return {r: {k: v for k, v in d["env"].items() if base[r]["env"].get(k) != v} for r, d in job.items()}
+    """Per rank, the variables ``job`` has that ``base`` lacks or sets otherwise (launchers' own aside)."""
+    return {r: {k: v for k, v in d["env"].items()
+                if base[r]["env"].get(k) != v and not k.startswith(_LAUNCHER_OWN)} for r, d in job.items()}
 
 
 def _loopback(host: str) -> bool:
