@@ -136,14 +136,14 @@ def prepare(cmd: Command) -> None:
     launch.check_not_singleton_trap(CALL)
     torchrun_env.agree(missing(cmd), MPI.COMM_WORLD)
     problem = None
-    if cmd.backend_for_cpu == "mpidist":
-        try:
-            from .torch import start
-        except ImportError as exc:
-            problem = f"--backend-for-cpu mpidist needs torch: {exc}"
+    if cmd.backend_for_cpu == "mpidist" and importlib.util.find_spec("torch") is None:
+        problem = "--backend-for-cpu mpidist needs torch (pip install 'mpidist[torch]')"
     torchrun_env.agree(problem, MPI.COMM_WORLD)
+    # before torch is imported: it reads OMP_NUM_THREADS when it loads
     torchrun_env.export(torchrun_env.torchrun_environment(MPI.COMM_WORLD))
     if cmd.backend_for_cpu == "mpidist":
+        from .torch import start
+
         start.map_cpu_backend_to_mpidist()
     install_fail_fast()
 
