@@ -71,7 +71,7 @@ class DistInfo:
 
 
 def init_distributed_mode(args: Any = None, *, backend: str = "mpi", set_device: bool = True,
-                          quiet_non_master: bool = True) -> DistInfo:
+                          quiet_non_master: bool = True, torch_distributed: bool | None = None) -> DistInfo:
     """Initialise the world if needed and describe this process's place in it.
 
     Collective: every rank calls it. Calls :func:`~mpidist.init_process_group` when the
@@ -85,6 +85,11 @@ def init_distributed_mode(args: Any = None, *, backend: str = "mpi", set_device:
     ``args`` (an ``argparse.Namespace``), when given, gets ``rank``, ``world_size``,
     ``gpu`` (the CUDA index, or ``None`` on CPU), ``distributed`` (``world_size > 1``)
     and ``dist_backend``, as the DETR/DeiT helper sets them.
+
+    In a program that imported torch (or with ``torch_distributed=True``; ``False``
+    never), torch.distributed's default group is started too, ``nccl`` or ``mpidist``,
+    and ``args.dist_backend`` names it: see :mod:`mpidist.torch.start`. Otherwise
+    ``args.dist_backend`` is ``"mpi"`` (mpidist's own world only).
 
     Example::
 
@@ -102,6 +107,11 @@ def init_distributed_mode(args: Any = None, *, backend: str = "mpi", set_device:
     if note is not None:
         warnings.warn(errors.message(call, note), RuntimeWarning, stacklevel=2)
     device = select_device(local_rank, set_device)
+    torch_backend = None
+    if torch_distributed or (torch_distributed is None and "torch" in sys.modules):
+        from .torch.start import start_torch_distributed  # the DETR helper's init_process_group
+
+        torch_backend = start_torch_distributed(device, local_size, getattr(args, "dist_url", None))
     if quiet_non_master:
         printing.setup_for_distributed(rank == 0)
         printing.prefix_logging(rank)
@@ -109,5 +119,5 @@ def init_distributed_mode(args: Any = None, *, backend: str = "mpi", set_device:
         args.rank, args.world_size = rank, size
         args.gpu = int(device.split(":")[1]) if device.startswith("cuda") else None
         args.distributed = size > 1
-        args.dist_backend = "mpi"
+        args.dist_backend = torch_backend or "mpi"
     return DistInfo(rank, size, local_rank, local_size, node_rank, num_nodes, launcher, device)
