@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import socket
+import sys
 
 import pytest
 from helpers import gathered

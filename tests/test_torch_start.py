@@ -9,7 +9,7 @@ import argparse
 
 import numpy as np
 import pytest
-from conftest import gathered, still_works
+from helpers import gathered, still_works
 from launcher import run_mpi
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import gathered
+from helpers import gathered
 from mpi4py import MPI
 
 from mpidist import torchrun_env
