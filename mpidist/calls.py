@@ -69,17 +69,43 @@ Hook = Callable[[Call, Callable[..., Any], dict], Any]
 #: The globals of every generated entry: each reads the hook as its global ``_hook``, the
 #: cheapest lookup there is on the path every call takes.
 _SCOPES: list[dict[str, Any]] = []
+#: The hooks in force, by owner ("debug", "flight"), outermost first.
+_LAYERS: dict[str, Hook] = {}
 
 
 def hook() -> Hook | None:
-    """The hook every declared call runs through (debug mode), or ``None``."""
-    return _SCOPES[0]["_hook"] if _SCOPES else None
+    """The hook every declared call runs through (debug mode, the flight recorder), or ``None``."""
+    return _SCOPES[0]["_hook"] if _SCOPES else _compose()
 
 
-def set_hook(run: Hook | None) -> None:
-    """Route every declared call through ``run(call, body, arguments)``; ``None`` removes it."""
+def _compose() -> Hook | None:
+    layers = list(_LAYERS.values())
+    if not layers:
+        return None
+    if len(layers) == 1:
+        return layers[0]
+
+    def run(call: Call, body: Callable[..., Any], args: dict) -> Any:
+        def inner(i: int, a: dict) -> Any:
+            if i == len(layers):
+                return body(**a)
+            return layers[i](call, lambda **kw: inner(i + 1, kw), a)
+        return inner(0, args)
+    return run
+
+
+def set_hook(owner: str, run: Hook | None) -> None:
+    """Route every declared call through ``run(call, body, arguments)`` (``None`` removes it).
+
+    Each ``owner`` (debug mode, the flight recorder) has one hook; several are stacked.
+    """
+    if run is None:
+        _LAYERS.pop(owner, None)
+    else:
+        _LAYERS[owner] = run
+    composed = _compose()
     for scope in _SCOPES:
-        scope["_hook"] = run
+        scope["_hook"] = composed
 
 
 def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:

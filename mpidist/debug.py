@@ -87,7 +87,7 @@ def set_debug_level(level: DebugLevel | str | int) -> None:
     if lv and log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)
     LEVEL = int(lv)
-    calls.set_hook(run if LEVEL else None)
+    calls.set_hook("debug", run if LEVEL else None)
 
 
 def get_debug_level() -> DebugLevel:

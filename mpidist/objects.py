@@ -25,6 +25,7 @@ def _comm(pg: ProcessGroup) -> pkl5.Intracomm:
     """The pickling communicator, taken right before the MPI call (DETAIL checks happen here)."""
     if debug.LEVEL:
         debug.check(pg)
+    pg.seq += 1
     return pkl5.Intracomm(pg.comm)
 
 

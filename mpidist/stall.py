@@ -23,7 +23,7 @@ from types import FrameType
 
 from mpi4py import MPI
 
-from . import calls, census, debug, errors, failure, groups, waiting
+from . import calls, census, debug, errors, failure, flight, groups, waiting
 from .groups import ProcessGroup, resolve
 from .waiting import seconds
 
@@ -107,6 +107,7 @@ class StallWatch:
                     if pg is not None:
                         self.roll_calls[tid] = census.RollCall(pg, name, waited)
                 if limit is not None and waited >= limit and not bounded:
+                    flight.dump(f"stall abort in {name}")
                     failure.abort(report(name, pg, waited, frames, self.roll_calls.get(tid))
                                   + f"\nthe group's timeout of {limit:g} s has passed; aborting the MPI "
                                   "job (MPI_Abort)")

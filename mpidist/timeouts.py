@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import calls, errors, groups
+from . import calls, errors, flight, groups
 from .groups import ProcessGroup
 from .tags import NOTICE
 from .waiting import Backoff, poll, seconds
@@ -116,7 +116,9 @@ def _give_up(pg: ProcessGroup, call: Any, reqs: Sequence[MPI.Request], keep: Any
     for req in sends:
         req.Free()  # a peer that never listens never takes it: let MPI finish it alone
     groups.break_group(pg, (reqs, keep, notice))
-    raise GroupTimeoutError(errors.message(call, _report(pg, call, limit, waited, heard, first)))
+    text = _report(pg, call, limit, waited, heard, first)
+    flight.dump(f"timeout: {text}")
+    raise GroupTimeoutError(errors.message(call, text))
 
 
 def _collect(comm: MPI.Intracomm, heard: dict[int, np.ndarray], peers: list[int]) -> bool:

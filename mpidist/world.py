@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from . import census, errors, failure, groups, launcher, stall
+from . import census, errors, failure, flight, groups, launcher, stall
 from .groups import GroupMember, ProcessGroup
 
 #: Default timeout of a process group, as torch's (30 minutes).
@@ -148,6 +148,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         failure.install()
     stall.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
     census.start()  # the stall report's roll call: its own communicator
+    flight.enable_from_env()  # MPIDIST_FLIGHT_RECORDER=N keeps the last N calls (default: off)
 
 
 def init_process(group_name: str, rank: int = -1, world_size: int = -1,
