@@ -86,7 +86,9 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     pg = registry.world if group is None else group  # resolve() inlined for the common case
     if type(pg) is not ProcessGroup or pg.comm is None:
         pg = resolve(group, call)
-    root = group_rank_of(pg, src, group_src, call, "src")
+    root = pg._to_group.get(src) if group_src is None and type(src) is int else None
+    if root is None:
+        root = group_rank_of(pg, src, group_src, call, "src")
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", pg._rank != root, staging)
     comm = pg.comm
@@ -188,4 +190,13 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -
     call = barrier.call
     pg = resolve(group, call)
     comm = pg.comm
+    if not (async_op or debug.LEVEL):  # the common case, issue() inlined
+        pg.seq += 1
+        if pg._size == 1:
+            comm.Barrier()
+        else:
+            req = comm.Ibarrier()
+            if not req.Test():
+                wait((req,), pg, call)
+        return None
     return issue(pg, call, async_op, comm.Barrier, comm.Ibarrier, ())

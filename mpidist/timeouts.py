@@ -32,7 +32,7 @@ from mpi4py import MPI
 from . import calls, errors, flight, groups
 from .groups import ProcessGroup
 from .tags import NOTICE
-from .waiting import Backoff, poll, seconds
+from .waiting import SPIN, Backoff, poll, seconds
 
 #: What a notice says of its sender: it gave up waiting, or it answers one that did.
 GAVE_UP, WAITING = 1, 2
@@ -75,12 +75,15 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     deadline = None if limit is None else start + limit
     comm = pg.comm
     heard: dict[int, np.ndarray] = {}
-    backoff = Backoff()
+    backoff = Backoff(spin=SPIN)
+
+    tests = [0]
 
     def finished() -> bool:
         if MPI.Request.Testall(reqs, statuses):
             return True
-        if comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
+        tests[0] += 1
+        if tests[0] % 64 == 1 and comm.Iprobe(MPI.ANY_SOURCE, NOTICE):  # a peer gave up?
             _take_notices(comm, heard)
             return bool(heard)
         return False
