@@ -184,8 +184,12 @@ def as_buffer(x: Any, call: Any, arg: str, writable: bool,
 
 
 def as_buffers(xs: Any, call: Any, arg: str, writable: bool, length: int | None = None,
-               staging: list[gpu.Staged] | None = None) -> list[tuple[np.ndarray, DType]]:
-    """:func:`as_buffer` for a list argument (``tensor_list``, ``scatter_list``, ...)."""
+               staging: list[gpu.Staged] | None = None,
+               dtype: DType | None = None) -> list[tuple[np.ndarray, DType]]:
+    """:func:`as_buffer` for a list argument (``tensor_list``, ``scatter_list``, ...).
+
+    ``length`` is the number of entries the call needs, ``dtype`` the one every entry must have.
+    """
     if not isinstance(xs, (list, tuple)):
         raise errors.type_error(
             call, f"argument '{arg}' must be a list of arrays, got {errors.type_name(xs)}"
@@ -201,6 +205,8 @@ def as_buffers(xs: Any, call: Any, arg: str, writable: bool, length: int | None 
         except (TypeError, ValueError):
             as_buffer(x, call, f"{arg}[{i}]", writable, staging)  # raises again, naming the entry
             raise
+    if dtype is not None:
+        same_dtype(bufs, dtype, call, arg)
     return bufs
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import debug, errors
-from .buffers import DType, as_buffer, as_buffers, same_dtype
+from . import debug
+from .buffers import DType, as_buffer, as_buffers
 from .calls import define
 from .fingerprint import ARRAY, OP, ROOT, agree
 from .groups import ProcessGroup, group_rank_of, registry, resolve
-from .issue import Step, from_list, issue, overlap, size_error, then
+from .issue import Step, from_list, issue, output_and_input, overlap, size_error, then
 from .ops import Plan, ReduceOp, divide, plan, premultiply
 from .timeouts import wait
 from .work import Work
@@ -154,8 +154,7 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM, g
     pg = resolve(group, call)
     staging: list = []
     out, d = as_buffer(output, call, "output", True, staging)
-    ins = as_buffers(input_list, call, "input_list", False, pg._size, staging)
-    same_dtype(ins, d, call, "input_list")
+    ins = as_buffers(input_list, call, "input_list", False, pg._size, staging, d)
     for i, (a, _) in enumerate(ins):
         if a.size != out.size:
             raise size_error(call, f"input_list[{i}]", a.size, out.size, "the size of 'output'")
@@ -174,10 +173,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
     call = reduce_scatter_tensor.call
     pg = resolve(group, call)
     staging: list = []
-    out, d = as_buffer(output, call, "output", True, staging)
-    inp, di = as_buffer(input, call, "input", False, staging)
-    if di is not d:
-        raise errors.type_error(call, f"output is {d.name} but input is {di.name}")
+    out, inp, d = output_and_input(call, output, "output", input, "input", staging)
     if inp.size != out.size * pg._size:
         raise size_error(call, "input", inp.size, out.size * pg._size, "world_size * output.numel()")
     p = plan(op, d, call)

@@ -18,7 +18,7 @@ from .buffers import DType, address, as_buffer, as_buffers, same_dtype
 from .calls import define
 from .fingerprint import ARRAY, DTYPE, ROOT, agree, list_counts, split_counts
 from .groups import ProcessGroup, group_rank_of, resolve
-from .issue import Step, displacements, from_list, into_list, issue, overlap, size_error
+from .issue import Step, displacements, from_list, into_list, issue, output_and_input, overlap, size_error
 from .work import Work
 
 IN_PLACE = MPI.IN_PLACE
@@ -36,8 +36,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None,
     pg = resolve(group, call)
     staging: list = []
     inp, d = as_buffer(tensor, call, "tensor", False, staging)
-    outs = as_buffers(tensor_list, call, "tensor_list", True, pg._size, staging)
-    same_dtype(outs, d, call, "tensor_list")
+    outs = as_buffers(tensor_list, call, "tensor_list", True, pg._size, staging, d)
     me = pg._rank
     counts = [a.size for a, _ in outs]
     if counts[me] != inp.size:
@@ -66,10 +65,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     call = all_gather_into_tensor.call
     pg = resolve(group, call)
     staging: list = []
-    inp, d = as_buffer(input_tensor, call, "input_tensor", False, staging)
-    out, do = as_buffer(output_tensor, call, "output_tensor", True, staging)
-    if do is not d:
-        raise errors.type_error(call, f"output_tensor is {do.name} but input_tensor is {d.name}")
+    out, inp, d = output_and_input(call, output_tensor, "output_tensor", input_tensor, "input_tensor",
+                                   staging)
     if out.size != inp.size * pg._size:
         raise size_error(call, "output_tensor", out.size, inp.size * pg._size,
                          "world_size * input_tensor.numel()")
@@ -81,20 +78,29 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                  output_tensor, staging)
 
 
+def _rooted(call: Any, group: Any, tensor: Any, writable: bool, root: tuple[Any, Any, str], lst: Any,
+            arg: str, role: str, staging: list) -> tuple[Any, int, np.ndarray, DType, list | None]:
+    """The opening gather and scatter share: group, root, ``tensor``, and the root's list.
+
+    ``root`` is ``(global rank, group rank, name)``; only the root (the ``role`` rank,
+    "destination" or "source") may pass the list, of ``tensor``'s dtype and size per entry.
+    Returns ``(group, root, tensor's array, dtype, the list's arrays or None)``.
+    """
+    pg = resolve(group, call)
+    r = group_rank_of(pg, root[0], root[1], call, root[2])
+    arr, d = as_buffer(tensor, call, "tensor", writable, staging)
+    return pg, r, arr, d, _root_list(pg, call, lst, arg, r, role, d, arr.size, not writable, staging)
+
+
 def _root_list(pg: ProcessGroup, call: Any, lst: Any, arg: str, root: int, role: str, d: DType,
                n: int, writable: bool, staging: list) -> list[tuple[np.ndarray, DType]] | None:
-    """The root's list argument, converted, of dtype ``d`` and size ``n`` each; ``None`` elsewhere.
-
-    Only the root (the ``role`` rank: "destination" or "source") may pass the list.
-    """
     if pg._rank != root:
         if lst:
             raise errors.value_error(call, f"argument '{arg}' must be given only on the {role} rank")
         return None
     if lst is None:
         raise errors.value_error(call, f"argument '{arg}' is required on the {role} rank")
-    bufs = as_buffers(lst, call, arg, writable, pg._size, staging)
-    same_dtype(bufs, d, call, arg)
+    bufs = as_buffers(lst, call, arg, writable, pg._size, staging, d)
     for i, (a, _) in enumerate(bufs):
         if a.size != n:
             raise size_error(call, f"{arg}[{i}]", a.size, n, "the size of 'tensor'")
@@ -110,13 +116,10 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     ``tensor``); the others pass ``None``.
     """
     call = gather.call
-    pg = resolve(group, call)
-    root = group_rank_of(pg, dst, group_dst, call, "dst")
     staging: list = []
-    inp, d = as_buffer(tensor, call, "tensor", False, staging)
+    pg, root, inp, d, outs = _rooted(call, group, tensor, False, (dst, group_dst, "dst"), gather_list,
+                                     "gather_list", "destination", staging)
     comm = pg.comm
-    outs = _root_list(pg, call, gather_list, "gather_list", root, "destination", d, inp.size, True,
-                      staging)
     if outs is None:
         return issue(pg, call, async_op, comm.Gather, comm.Igather, ([inp, d.mpi], None, root),
                      None, None, staging)
@@ -137,12 +140,10 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     ``tensor``); the others pass ``None``.
     """
     call = scatter.call
-    pg = resolve(group, call)
-    root = group_rank_of(pg, src, group_src, call, "src")
     staging: list = []
-    out, d = as_buffer(tensor, call, "tensor", True, staging)
+    pg, root, out, d, ins = _rooted(call, group, tensor, True, (src, group_src, "src"), scatter_list,
+                                    "scatter_list", "source", staging)
     comm = pg.comm
-    ins = _root_list(pg, call, scatter_list, "scatter_list", root, "source", d, out.size, False, staging)
     if ins is None:
         return issue(pg, call, async_op, comm.Scatter, comm.Iscatter, (None, [out, d.mpi], root), None,
                      tensor, staging)
@@ -220,10 +221,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     call = all_to_all_single.call
     pg = resolve(group, call)
     staging: list = []
-    out, d = as_buffer(output, call, "output", True, staging)
-    inp, di = as_buffer(input, call, "input", False, staging)
-    if di is not d:
-        raise errors.type_error(call, f"output is {d.name} but input is {di.name}")
+    out, inp, d = output_and_input(call, output, "output", input, "input", staging)
     in_rows = inp.shape[0] if inp.ndim else 1
     out_rows = out.shape[0] if out.ndim else 1
     row = inp.size // in_rows if in_rows else 0

@@ -234,6 +234,30 @@ def install() -> None:
     atexit.register(_at_exit)
 
 
+def _keep_traceback_hook(exc_type: type[BaseException], exc: BaseException,
+                         tb: TracebackType | None) -> None:
+    # torch.distributed wraps sys.excepthook and points sys.stderr at a StringIO while the
+    # wrapped hook runs; MPI_Abort would then swallow the traceback.
+    if sys.__stderr__ is not None:
+        sys.stderr = sys.__stderr__
+    _excepthook(exc_type, exc, tb)
+
+
+def install_for_torch() -> None:
+    """:func:`install` for a job of several ranks (unless ``MPIDIST_ABORT_ON_ERROR=0``), in a
+    way that keeps the traceback when torch.distributed wraps ``sys.excepthook``."""
+    if not enabled_by_env() or MPI.COMM_WORLD.Get_size() == 1:
+        return
+    install()
+    keep_traceback()
+
+
+def keep_traceback() -> None:
+    """When the abort hook is in place, make it write the traceback past torch's wrapper."""
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _keep_traceback_hook
+
+
 def uninstall() -> None:
     """Restore the hooks that were in place before :func:`install`; end the exit watch."""
     global _watch

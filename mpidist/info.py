@@ -19,7 +19,7 @@ from typing import Any
 import mpi4py
 from mpi4py import MPI
 
-from . import gpu, launcher
+from . import gpu, launcher, mpi_library
 
 #: Variables that choose the network MPI uses between nodes (reported when set).
 NETWORK_VARS = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES",
@@ -29,23 +29,12 @@ _THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                   MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
 
 
-class _DlInfo(ctypes.Structure):
-    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
-                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
-
-
 def mpi_library_path() -> str | None:
     """The file of the MPI library mpi4py runs on: where its ``MPI_Init`` symbol lives (``dladdr``)."""
     try:
-        init = ctypes.CDLL(MPI.__file__).MPI_Init
-        dladdr = ctypes.CDLL(None).dladdr
-    except (OSError, AttributeError):
+        return mpi_library.defining_file(ctypes.CDLL(MPI.__file__), "MPI_Init")
+    except OSError:
         return None
-    dladdr.restype, dladdr.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    found = _DlInfo()
-    if not dladdr(ctypes.cast(init, ctypes.c_void_p), ctypes.byref(found)) or not found.fname:
-        return None
-    return os.path.realpath(os.fsdecode(found.fname))
 
 
 def cuda_aware() -> str:

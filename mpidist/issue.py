@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import debug, errors, gpu
-from .buffers import DType, joined
+from .buffers import DType, as_buffer, joined
 from .groups import ProcessGroup
 from .timeouts import wait
 from .work import Work
@@ -65,6 +65,16 @@ def then(*steps: Step | None) -> Step | None:
         for s in steps:
             s()
     return run
+
+
+def output_and_input(call: Any, output: Any, out_arg: str, input: Any, in_arg: str,  # noqa: A002
+                     staging: list) -> tuple[np.ndarray, np.ndarray, DType]:
+    """The output and input arrays of a two-tensor call, which must share a dtype."""
+    out, d = as_buffer(output, call, out_arg, True, staging)
+    inp, di = as_buffer(input, call, in_arg, False, staging)
+    if di is not d:
+        raise errors.type_error(call, f"{out_arg} is {d.name} but {in_arg} is {di.name}")
+    return out, inp, d
 
 
 def size_error(call: Any, arg: str, got: int, want: int, why: str) -> ValueError:

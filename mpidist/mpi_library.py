@@ -145,7 +145,7 @@ def find_library() -> tuple[str | None, str, ctypes.CDLL]:
         raise LookupError("mpi4py has no ABI loader (mpi4py._mpiabi)")
     libmpi = os.environ.get("MPI4PY_LIBMPI")
     handle = abi._dlopen_libmpi(libmpi)
-    return _library_file(handle), abi._get_mpiabi_from_libmpi(libmpi), handle
+    return defining_file(handle), abi._get_mpiabi_from_libmpi(libmpi), handle
 
 
 class _DlInfo(ctypes.Structure):
@@ -153,10 +153,10 @@ class _DlInfo(ctypes.Structure):
                 ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
 
 
-def _library_file(handle: ctypes.CDLL) -> str | None:
-    """The file that defines ``MPI_Get_version`` in ``handle`` (``dladdr``), resolved."""
+def defining_file(handle: ctypes.CDLL, name: str = "MPI_Get_version") -> str | None:
+    """The file that defines symbol ``name`` as ``handle`` resolves it (``dladdr``), resolved."""
     try:
-        symbol = handle.MPI_Get_version
+        symbol = getattr(handle, name)
         dladdr = ctypes.CDLL(None).dladdr
     except (OSError, AttributeError):
         return None

@@ -114,23 +114,6 @@ def missing(cmd: Command) -> str | None:
     return None
 
 
-def _keep_traceback_hook(exc_type, exc, tb) -> None:  # noqa: ANN001 - sys.excepthook's signature
-    # torch.distributed wraps sys.excepthook and points sys.stderr at a StringIO while the
-    # wrapped hook runs; MPI_Abort would then swallow the traceback.
-    if sys.__stderr__ is not None:
-        sys.stderr = sys.__stderr__
-    failure._excepthook(exc_type, exc, tb)
-
-
-def install_fail_fast() -> None:
-    """An uncaught exception on any rank aborts the job (collective: ``MPI_Comm_dup`` once)."""
-    if not failure.enabled_by_env() or MPI.COMM_WORLD.Get_size() == 1:
-        return
-    failure.install()
-    if sys.excepthook is failure._excepthook:
-        sys.excepthook = _keep_traceback_hook
-
-
 def prepare(cmd: Command) -> None:
     """Everything before the script runs. Collective over ``MPI_COMM_WORLD``; raises on every rank."""
     launch.check_not_singleton_trap(CALL)
@@ -145,7 +128,7 @@ def prepare(cmd: Command) -> None:
         from .torch import start
 
         start.map_cpu_backend_to_mpidist()
-    install_fail_fast()
+    failure.install_for_torch()
 
 
 def execute(cmd: Command) -> None:

@@ -16,13 +16,11 @@ messages of at most :data:`SYNC_BYTES`, where the blocking call was measured fas
 from __future__ import annotations
 
 import os
-import sys
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as tdist
-from mpi4py import MPI
 
 from .. import collectives, errors, exchange, failure, groups, p2p
 from .. import world as mworld
@@ -256,23 +254,6 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         self.shutdown()
 
 
-def _real_stderr_excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
-    # torch.distributed wraps sys.excepthook and points sys.stderr at a StringIO while
-    # the wrapped hook runs; MPI_Abort would then swallow the traceback.
-    if sys.__stderr__ is not None:
-        sys.stderr = sys.__stderr__
-    failure._excepthook(exc_type, exc, tb)
-
-
-def install_abort_hook() -> None:
-    """Make an uncaught exception on any rank abort the job (unless ``MPIDIST_ABORT_ON_ERROR=0``)."""
-    if not failure.enabled_by_env() or MPI.COMM_WORLD.Get_size() == 1:
-        return
-    failure.install()
-    if sys.excepthook is failure._excepthook:
-        sys.excepthook = _real_stderr_excepthook
-
-
 def _world(opts: Any) -> MpiGroup:
     """mpidist's world (initialised here if the user has not), checked against torch's view."""
     if not mworld.is_initialized():
@@ -294,7 +275,7 @@ def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
     name, desc = str(opts.group_id), "default_pg" if not ranks else "undefined"
     if not ranks:
         pg = groups.duplicate(_world(opts), name, desc, timeout)
-        install_abort_hook()
+        failure.install_for_torch()
     else:
         w = groups.world("new_group")
         pg = groups.create(w, [w._to_group[r] for r in ranks], desc, timeout, name)

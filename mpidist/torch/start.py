@@ -72,13 +72,6 @@ def _already(comm: MPI.Intracomm) -> str | None:
         "the same way on every rank (destroy_process_group() first to start over)")
 
 
-def _keep_tracebacks() -> None:
-    # torch wraps sys.excepthook with one that sends stderr to a StringIO while ours runs,
-    # so MPI_Abort would swallow the traceback; ours must write to the real stderr
-    if sys.excepthook is failure._excepthook:
-        sys.excepthook = _backend._real_stderr_excepthook
-
-
 def start_torch_distributed(device: str, local_world_size: int, init_method: str | None = None) -> str:
     """Initialise (or reuse) torch.distributed's default group; return its backend name.
 
@@ -93,7 +86,7 @@ def start_torch_distributed(device: str, local_world_size: int, init_method: str
         return reused
     nccl = comm.allreduce(_own_gpu(device, local_world_size), op=MPI.LAND)
     name = "nccl" if nccl else _backend.NAME
-    _keep_tracebacks()
+    failure.keep_traceback()
     kwargs: dict[str, Any] = {}
     if nccl:
         kwargs["device_id"] = torch.device(device)
