@@ -269,7 +269,7 @@ def _ways_to_match(library: str | None, sep: str = "\n") -> str:
 def launcher_hint(var: str) -> str:
     """The singleton trap's advice when ``$var`` (an MPI launcher's size variable) says N > 1.
 
-    Used by :func:`mpidist.launch.check_not_singleton_trap` once MPI runs as a world of 1:
+    Used by :func:`mpidist.launcher.check_not_singleton_trap` once MPI runs as a world of 1:
     names the launcher, the library mpi4py loaded and the two ways to make them match.
     """
     from mpi4py import MPI

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from . import failure, launch, torchrun_env
+from . import failure, launcher, torchrun_env
 
 CALL = torchrun_env.CALL
 USAGE = ("usage: python -m mpidist.run [--backend-for-cpu {gloo,mpidist}] "
@@ -116,7 +116,7 @@ def missing(cmd: Command) -> str | None:
 
 def prepare(cmd: Command) -> None:
     """Everything before the script runs. Collective over ``MPI_COMM_WORLD``; raises on every rank."""
-    launch.check_not_singleton_trap(CALL)
+    launcher.check_not_singleton_trap(CALL)
     torchrun_env.agree(missing(cmd), MPI.COMM_WORLD)
     problem = None
     if cmd.backend_for_cpu == "mpidist" and importlib.util.find_spec("torch") is None:

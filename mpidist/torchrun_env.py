@@ -4,7 +4,7 @@ A script written for ``torchrun`` reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``
 ``MASTER_ADDR``, ... from its environment. :func:`torchrun_environment` computes the same
 variables from MPI (never from the launcher's variables): rank and size from
 ``MPI_COMM_WORLD``, the node layout from ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``
-(:func:`mpidist.launch.node_layout`), and the rendezvous address from rank 0, sent to
+(:func:`mpidist.launcher.node_layout`), and the rendezvous address from rank 0, sent to
 every rank with ``MPI_Bcast``. No torch import.
 
 What is set, against what ``torchrun --nproc-per-node N`` sets:
@@ -75,7 +75,7 @@ def agree(problem: str | None, comm: MPI.Intracomm, call: str = CALL) -> None:
 def layout_environment(comm: MPI.Intracomm | None = None) -> dict[str, str]:
     """The layout variables of :data:`LAYOUT_VARS` plus ``ROLE_NAME`` for this rank.
 
-    Collective over ``comm`` (default ``MPI_COMM_WORLD``): see :func:`~mpidist.launch.node_layout`.
+    Collective over ``comm`` (default ``MPI_COMM_WORLD``): see :func:`~mpidist.launcher.node_layout`.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     local_rank, local_size, node_rank, num_nodes = node_layout(comm)
