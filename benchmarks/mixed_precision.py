@@ -17,7 +17,8 @@ machine's drift. Rank 0 prints one row per (size, implementation):
 and with ``--all-methods`` the 16-bit means side by side (float16 words):
 
 * ``gather``  -- ``MPI_Allgather`` of the words, every rank reduces (in chunks)
-* ``rs-ag``   -- ``MPI_Alltoallv`` + one reduction per slice + ``MPI_Allgatherv``
+* ``split``   -- two exchanges: at 2 ranks ``MPI_Sendrecv`` of halves, sum, ``MPI_Sendrecv``; on
+  more ranks ``MPI_Alltoallv`` + one reduction per slice + ``MPI_Allgatherv``
 * ``wide``    -- widen to float32, ``MPI_Allreduce`` on float32, round once
 * ``numpy``   -- lowprec's choice, with the C kernel switched off (the fallback)
 * ``mpi-float16`` -- MPI's own float16 type where the MPI has one
@@ -59,6 +60,14 @@ def make_array(dtype: str, count: int) -> np.ndarray:
     return np.zeros(count, dtype)
 
 
+def allreduce_wide(comm: MPI.Comm, words: np.ndarray, red: lowprec.Reduction) -> None:
+    """The alternative lowprec does not take: widen, ``MPI_Allreduce`` on float32, round once."""
+    wide = np.empty(words.size, np.float32)
+    lowprec.widen(words, red.kind, wide)
+    comm.Allreduce(MPI.IN_PLACE, [wide, MPI.FLOAT], MPI.SUM)
+    lowprec.narrow(wide, red.kind, words)
+
+
 def forced(comm: MPI.Comm, words: np.ndarray, how: str):
     """A loop body running one of lowprec's means on float16 words, whatever it would choose."""
     red = lowprec.Reduction("f16", np.add, False)
@@ -66,7 +75,7 @@ def forced(comm: MPI.Comm, words: np.ndarray, how: str):
 
     def run() -> None:
         if how == "wide":
-            lowprec.allreduce_wide(comm, words, red)
+            allreduce_wide(comm, words, red)
             return
         if how == "numpy":
             lowprec._kernel = None
@@ -88,9 +97,7 @@ def loops_for(nbytes: int, comm: MPI.Comm, dtypes: list[str], all_methods: bool)
         out["float32-n"] = python_loop(dist.all_reduce, (make_array("float32", nbytes // 2),))
     if not all_methods:
         return out
-    for how in ("gather", "rs-ag", "wide", "numpy"):
-        if how == "wide" and not hasattr(lowprec, "allreduce_wide"):
-            continue
+    for how in ("gather", "split", "wide", "numpy"):
         words = as_buffer(make_array("float16", nbytes // 2), "bench", "x", True)[0].reshape(-1)
         run = forced(comm, words, how)
         out[how] = python_loop(run, ())
@@ -109,7 +116,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.02, help="seconds per sample")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     parser.add_argument("--all-methods", action="store_true",
-                        help="also time the 16-bit means one by one (gather, rs-ag, wide, numpy)")
+                        help="also time the 16-bit means one by one (gather, split, wide, numpy)")
     parser.add_argument("--numpy-only", action="store_true",
                         help="do not import torch (without the C kernel, float16 casts then use numpy)")
     parser.add_argument("--json", help="write the samples here")

@@ -8,18 +8,25 @@ float32 in rank order, scaled (AVG, PREMUL_SUM) in float32, and rounded once, to
 even. The result is the same on every rank.
 
 The reductions are :class:`Words16` methods, which stand in for the communicator's
-``Allreduce`` / ``Reduce`` / ``Reduce_scatter_block`` (see :meth:`mpidist.ops.Plan.on`):
+``Allreduce`` / ``Reduce`` / ``Reduce_scatter_block`` (see :meth:`mpidist.ops.Plan.on`).
+The float32 arithmetic runs in one pass over memory in a small C kernel (``_words16.c``,
+built at install where a C compiler is found), else in numpy (torch's casts for float16
+when torch is loaded). Widening to float32 and reducing inside MPI was measured slower on
+one node and moves twice the bytes across nodes, so the words are what travels:
 
-* all_reduce -- small messages and 2 ranks: ``MPI_Allgather`` of the words, then every rank
-  reduces all of them (one collective; at 2 ranks it moves as many bytes as a ring). Large
-  messages on more ranks: ``MPI_Alltoallv`` so that each
-  rank holds every rank's copy of its slice, one vectorised float32 pass per slice, then
+* all_reduce -- small messages (and fewer words than ranks): ``MPI_Allgather`` of the
+  words, then every rank reduces all of them (one collective). Large messages on 2 ranks:
+  each rank sums one half (``MPI_Sendrecv`` of the other half with the peer) and the sums
+  are swapped with a second ``MPI_Sendrecv``, on a private duplicate of the communicator,
+  in chunks of :data:`CHUNK` words. Large messages on more ranks: ``MPI_Alltoallv`` so
+  that each rank holds every rank's copy of its slice, one float32 pass per slice, then
   ``MPI_Allgatherv`` of the rounded words (a reduce-scatter/all-gather allreduce).
-* reduce -- the same two shapes, ending in ``MPI_Gather(v)`` to the root.
+* reduce -- the gather or the reduce-scatter shape, ending in ``MPI_Gather(v)`` to the root.
 * reduce_scatter -- ``MPI_Alltoall`` of the blocks, then the float32 pass on the own block.
 
-The ``I*`` variants run to completion and return ``MPI.REQUEST_NULL`` (the arithmetic
-between the two exchanges needs the first one done).
+Every path combines the ranks' values in rank order, so the result does not depend on
+the path. The ``I*`` variants run to completion and return ``MPI.REQUEST_NULL`` (the
+arithmetic between the two exchanges needs the first one done).
 """
 
 from __future__ import annotations
@@ -33,8 +40,8 @@ from mpi4py import MPI
 
 #: Below this many bytes per rank all_reduce/reduce gather every rank's words instead.
 SMALL_BYTES = 64 * 1024
-#: The gather path exchanges at most this many words per rank at a time (bounded scratch, warm caches).
-CHUNK = 1 << 20
+#: The two-rank path exchanges at most this many words per step (bounded scratch).
+CHUNK = 1 << 22
 #: Scratch buffers up to this many words are kept per thread for the next call.
 SCRATCH_KEEP = 1 << 24
 #: From this many elements on, conversions use torch's vectorised casts when torch is loaded.
@@ -199,15 +206,50 @@ def _scatter_slices(comm: MPI.Comm, words: np.ndarray, red: Reduction, out: np.n
     size, me = comm.Get_size(), comm.Get_rank()
     counts, displs = _split(words.size, size)
     m = counts[me]
-    rows = np.empty((size, m), np.uint16)
+    rows = _scratch(size * m).reshape(size, m)
     comm.Alltoallv([words, (counts, displs), _WORD], [rows, ([m] * size, None), _WORD])
     seg = out if out is not None else np.empty(m, np.uint16)
     return reduce_rows(rows, red, size, seg), counts, displs
 
 
 def _gather_all(n: int, size: int) -> bool:
-    """Whether every rank should receive all words (cheaper than two exchanges)."""
-    return size <= 2 or n * 2 <= SMALL_BYTES or n < size
+    """Whether every rank should receive all words (one exchange instead of two)."""
+    return n * 2 <= SMALL_BYTES or n < size
+
+
+_private_key: int | None = None
+
+
+def _private(comm: MPI.Comm) -> MPI.Comm:
+    """A duplicate of ``comm`` for lowprec's point-to-point messages, made on first use
+    (collective: every rank is in the same reduction) and freed with ``comm``."""
+    global _private_key
+    if _private_key is None:
+        _private_key = MPI.Comm.Create_keyval(delete_fn=lambda c, k, dup: dup.Free())
+    dup = comm.Get_attr(_private_key)
+    if dup is None:
+        dup = comm.Dup()
+        comm.Set_attr(_private_key, dup)
+    return dup
+
+
+def _allreduce_pair(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
+    """Two ranks: rank r reduces half r of each chunk, then the halves are swapped."""
+    me = comm.Get_rank()
+    peer = 1 - me
+    comm = _private(comm)
+    n = words.size
+    step = min(n, CHUNK)
+    scratch = _scratch(step + 1)
+    for lo in range(0, n, step):
+        part = words[lo:lo + step]
+        halves = (part[:part.size // 2], part[part.size // 2:])
+        mine, theirs = halves[me], halves[peer]
+        rows = scratch[:2 * mine.size].reshape(2, mine.size)
+        rows[me] = mine
+        comm.Sendrecv([theirs, _WORD], peer, 0, [rows[peer], _WORD], peer, 0)
+        reduce_rows(rows, red, 2, mine)
+        comm.Sendrecv([mine, _WORD], peer, 1, [theirs, _WORD], peer, 1)
 
 
 def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
@@ -216,36 +258,16 @@ def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
     if n == 0:
         return
     if _gather_all(n, size):
-        step = min(n, max(CHUNK // size, 1))
-        scratch = _scratch(size * step)
-        for lo in range(0, n, step):
-            part = words[lo:lo + step]
-            rows = scratch[:size * part.size].reshape(size, part.size)
-            comm.Allgather([part, _WORD], [rows, _WORD])
-            reduce_rows(rows, red, size, part)
-        return
-    counts, displs = _split(n, size)
-    me = comm.Get_rank()
-    _scatter_slices(comm, words, red, words[displs[me]:displs[me] + counts[me]])
-    comm.Allgatherv(MPI.IN_PLACE, [words, (counts, displs), _WORD])
-
-
-_MPI_OP = {np.add: MPI.SUM, np.multiply: MPI.PROD}
-
-
-def allreduce_wide(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
-    """In-place all-reduce by widening to float32 and ``MPI_Allreduce`` on ``MPI_FLOAT``.
-
-    For SUM and PRODUCT (MPI's MIN/MAX do not propagate NaN); MPI's own reduction order.
-    """
-    wide = np.empty(words.size, np.float32)
-    widen(words, red.kind, wide)
-    comm.Allreduce(MPI.IN_PLACE, [wide, MPI.FLOAT], _MPI_OP[red.ufunc])
-    if red.average:
-        np.divide(wide, np.float32(comm.Get_size()), out=wide)
-    if red.scale is not None:
-        np.multiply(wide, np.float32(red.scale), out=wide)
-    narrow(wide, red.kind, words)
+        rows = _scratch(size * n).reshape(size, n)
+        comm.Allgather([words, _WORD], [rows, _WORD])
+        reduce_rows(rows, red, size, words)
+    elif size == 2:
+        _allreduce_pair(comm, words, red)
+    else:
+        counts, displs = _split(n, size)
+        me = comm.Get_rank()
+        _scatter_slices(comm, words, red, words[displs[me]:displs[me] + counts[me]])
+        comm.Allgatherv(MPI.IN_PLACE, [words, (counts, displs), _WORD])
 
 
 def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int, red: Reduction
@@ -255,7 +277,7 @@ def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int,
     if n == 0:
         return
     if _gather_all(n, size):
-        rows = np.empty((size, n), np.uint16) if me == root else None
+        rows = _scratch(size * n).reshape(size, n) if me == root else None
         comm.Gather([send, _WORD], [rows, _WORD] if me == root else None, root)
         if me == root:
             reduce_rows(rows, red, size, recv)
@@ -271,7 +293,7 @@ def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int,
 def reduce_scatter_block(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, red: Reduction) -> None:
     """Block r of the reduction of 1-D ``send`` (``size * m`` words) into rank r's ``recv``."""
     size, m = comm.Get_size(), recv.size
-    rows = np.empty((size, m), np.uint16)
+    rows = _scratch(size * m).reshape(size, m)
     comm.Alltoall([send, _WORD], [rows, _WORD])
     reduce_rows(rows, red, size, recv.reshape(-1))
 
