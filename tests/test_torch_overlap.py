@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 tdist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
 
-from mpidist import topology  # noqa: E402
+from mpidist import nodecount  # noqa: E402
 from mpidist.torch import backend, overlap  # noqa: E402
 
 nn = torch.nn
@@ -41,7 +41,7 @@ def test_one_node_group_blocks_up_to_the_one_node_limit(tw):
 
     comm = MPI.COMM_WORLD.Dup()
     try:
-        assert topology.nodes(comm) == 1  # every test rank shares this machine
+        assert nodecount.nodes(comm) == 1  # every test rank shares this machine
         assert overlap.sync_bytes(comm, None) == overlap.ONE_NODE
         assert overlap.sync_bytes(comm, 0) == 0
     finally:

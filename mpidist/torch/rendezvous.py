@@ -65,28 +65,38 @@ def export_environment() -> None:
         os.environ.setdefault(var, str(value))
 
 
-def _host_for_peers(comm: MPI.Intracomm) -> str:
-    """Loopback when every rank shares rank 0's node, else rank 0's host name."""
+def _single_node(comm: MPI.Intracomm) -> bool:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        single_node = node.Get_size() == comm.Get_size()
+        return node.Get_size() == comm.Get_size()
     finally:
         node.Free()
-    return "127.0.0.1" if single_node else socket.getfqdn()
 
 
 def mpi_store(timeout: timedelta) -> Any:
-    """A ``TCPStore`` served by rank 0 on a free port, its address sent by ``MPI_Bcast``."""
+    """A ``TCPStore`` served by rank 0 on a free port, its address sent by ``MPI_Bcast``.
+
+    On one node the store listens on loopback. Across nodes rank 0 advertises its
+    interface addresses (``MASTER_ADDR`` alone, when set without ``MASTER_PORT``) and
+    every other rank connects to the first it can reach (its own subnets first), so a
+    host name that does not resolve on the other nodes, or resolves to loopback there,
+    does not matter.
+    """
     from torch.distributed import TCPStore
+
+    from .. import netaddr
 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
-    host = _host_for_peers(comm)
+    single = _single_node(comm)
     if comm.Get_rank() == 0:
         error = None
         try:
-            store = TCPStore(host, 0, size, True, timeout=timeout, wait_for_workers=False)
-            address: Any = (host, store.port)
+            given = os.environ.get("MASTER_ADDR", "").strip()
+            candidates = ["127.0.0.1"] if single else ([given] if given else netaddr.advertised_addresses())
+            # the server listens on every interface; rank 0's own client uses the first address
+            store = TCPStore(candidates[0], 0, size, True, timeout=timeout, wait_for_workers=False)
+            address: Any = (candidates, store.port)
         except Exception as exc:  # noqa: BLE001 - every rank must learn that it failed
             error, address = exc, None
         address = comm.bcast(address, 0)
@@ -96,7 +106,15 @@ def mpi_store(timeout: timedelta) -> Any:
     address = comm.bcast(None, 0)
     if address is None:
         raise errors.runtime_error(CALL, "rank 0 could not start the TCPStore; see its error")
-    return TCPStore(address[0], address[1], size, False, timeout=timeout)
+    candidates, port = address
+    host = candidates[0] if len(candidates) == 1 else netaddr.reachable(candidates, port)
+    if host is None:
+        raise errors.runtime_error(
+            CALL, f"rank {comm.Get_rank()} on {socket.gethostname()} cannot reach rank 0's store at any of "
+            f"{candidates} (port {port}); set MASTER_ADDR to an address of rank 0's host that the "
+            "other nodes can reach"
+        )
+    return TCPStore(host, port, size, False, timeout=timeout)
 
 
 def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
