@@ -34,7 +34,7 @@ SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 
 .PHONY: venv venv-openmpi test test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up cluster-down \
-	demo lint bench clean
+	demo lint bench bench-network clean
 
 venv: $(VENV)/.installed
 
@@ -93,6 +93,10 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/run.py
+
+# across two simulated nodes (network namespaces, links shaped to 1 and 10 Gbit; needs root)
+bench-network: venv
+	$(BIN)/python benchmarks/network.py --quick --ddp
 
 clean:
 	rm -rf $(VENV) $(OMPI_VENV) build *.egg-info
