@@ -6,8 +6,9 @@ with one rank per node, in one job per rate:
 
 * ``benchmarks/run.py`` -- every array and object call, float32, mpidist vs raw mpi4py vs
   torch gloo, interleaved;
-* this file's ``--lowprec-job`` -- all_reduce in float32, float16 and bfloat16, mpidist vs
-  gloo (raw mpi4py has no 16-bit reduction);
+* this file's ``--lowprec-job`` -- all_reduce in float32, float16 and bfloat16 of the same
+  number of elements (``--sizes`` are the float32 bytes), mpidist vs gloo (raw mpi4py has no
+  16-bit reduction), and each 16-bit time over float32's;
 * with ``--ddp``: ``benchmarks/torch_backend.py --two-node`` -- DDP steps of a 10 M-parameter
   MLP, mpidist vs gloo, float32 gradients and ``fp16_compress_hook``.
 
@@ -87,8 +88,8 @@ def lowprec_job(args: argparse.Namespace) -> int:
     results = []
     for nbytes in parse_sizes(args.sizes):
         loops = {}
+        n = max(nbytes // 4, 1)  # the same elements in every dtype: a 16-bit message is half the bytes
         for dtype in LOWPREC_DTYPES:
-            n = max(nbytes // (4 if dtype == "float32" else 2), 1)
             if dtype == "bfloat16":
                 arr = np.zeros(n, np.uint16).view(bf16) if bf16 else None
             else:
@@ -101,7 +102,8 @@ def lowprec_job(args: argparse.Namespace) -> int:
         got = interleave(ctl, loops, args.rounds, args.target)
         for key, g in got.items():
             impl, dtype = key.split(":")
-            results.append({"call": f"all_reduce[{dtype}]", "bytes": nbytes, "impl": impl,
+            results.append({"call": f"all_reduce[{dtype}]", "bytes": n * (4 if dtype == "float32" else 2),
+                            "elements": n, "impl": impl,
                             "iters": g["iters"], **summary(g["samples"]), "samples": g["samples"]})
         if rank == 0:
             print("  " + "  ".join(f"{k}={summary(g['samples'])['median'] * 1e3:.3f}ms"
@@ -168,6 +170,16 @@ def table(block: dict) -> str:
         if "gloo" in cell and "mpidist" in cell:
             line += f"{cell['gloo']['median'] / cell['mpidist']['median']:>9.2f}"
         lines.append(line)
+    same = [r for r in rows if "elements" in r]
+    if same:
+        lines.append("")
+        lines.append("16-bit all_reduce time / float32's, the same elements (the wire allows 0.5)")
+        t32 = {(r["impl"], r["elements"]): r["median"] for r in same if r["call"] == "all_reduce[float32]"}
+        for r in same:
+            base = t32.get((r["impl"], r["elements"]))
+            if r["call"] != "all_reduce[float32]" and base:
+                lines.append(f"  {r['impl']:<8}{r['call']:<22}{human_size(4 * r['elements']):>9} f32: "
+                             f"{r['median'] / base:5.2f}")
     d = block.get("ddp")
     if d:
         lines.append("")

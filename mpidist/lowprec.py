@@ -40,8 +40,9 @@ from mpi4py import MPI
 
 #: Below this many bytes per rank all_reduce/reduce gather every rank's words instead.
 SMALL_BYTES = 64 * 1024
-#: The two-rank path exchanges at most this many words per step (bounded scratch).
-CHUNK = 1 << 22
+#: The two-rank path moves its halves in chunks of this many words, :data:`DEPTH` chunks in flight.
+CHUNK = 1 << 20
+DEPTH = 3
 #: Scratch buffers up to this many words are kept per thread for the next call.
 SCRATCH_KEEP = 1 << 24
 #: From this many elements on, conversions use torch's vectorised casts when torch is loaded.
@@ -234,22 +235,44 @@ def _private(comm: MPI.Comm) -> MPI.Comm:
 
 
 def _allreduce_pair(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
-    """Two ranks: rank r reduces half r of each chunk, then the halves are swapped."""
+    """Two ranks: rank r reduces half r of each chunk, then the halves are swapped.
+
+    Pipelined: while chunk k is reduced, the halves of the next :data:`DEPTH` chunks are
+    on their way (``MPI_Isend``/``MPI_Irecv``), and chunk k's sum leaves at once, so the
+    link stays busy in both directions.
+    """
     me = comm.Get_rank()
     peer = 1 - me
     comm = _private(comm)
     n = words.size
     step = min(n, CHUNK)
-    scratch = _scratch(step + 1)
-    for lo in range(0, n, step):
-        part = words[lo:lo + step]
+    nchunks = -(-n // step)
+    depth = min(DEPTH, nchunks)
+    width = step - step // 2  # the larger half
+    slots = _scratch(depth * 2 * width).reshape(depth, 2 * width)
+    chunks = []
+    for k in range(nchunks):
+        part = words[k * step:(k + 1) * step]
         halves = (part[:part.size // 2], part[part.size // 2:])
-        mine, theirs = halves[me], halves[peer]
-        rows = scratch[:2 * mine.size].reshape(2, mine.size)
+        chunks.append((halves[me], halves[peer]))
+
+    def exchange(k: int) -> list[MPI.Request]:
+        mine, theirs = chunks[k]
+        rows = slots[k % depth, :2 * mine.size].reshape(2, mine.size)
+        return [comm.Isend([theirs, _WORD], peer, 0), comm.Irecv([rows[peer], _WORD], peer, 0)]
+
+    incoming = [exchange(k) for k in range(depth)]
+    outgoing: list[MPI.Request] = []
+    for k in range(nchunks):
+        MPI.Request.Waitall(incoming[k])
+        mine, theirs = chunks[k]
+        rows = slots[k % depth, :2 * mine.size].reshape(2, mine.size)
         rows[me] = mine
-        comm.Sendrecv([theirs, _WORD], peer, 0, [rows[peer], _WORD], peer, 0)
         reduce_rows(rows, red, 2, mine)
-        comm.Sendrecv([mine, _WORD], peer, 1, [theirs, _WORD], peer, 1)
+        outgoing += [comm.Isend([mine, _WORD], peer, 1), comm.Irecv([theirs, _WORD], peer, 1)]
+        if k + depth < nchunks:
+            incoming.append(exchange(k + depth))
+    MPI.Request.Waitall(outgoing)
 
 
 def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
