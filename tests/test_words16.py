@@ -199,3 +199,19 @@ def test_reduce_scatter_exact(dist, rank, size, kind, op, means):
     dist.reduce_scatter_tensor(out, array_of(kind, rows[rank]), op=rop(dist, op))
     want = reference(rows[:, rank * m:(rank + 1) * m], kind, op, size)
     assert_words_equal(out.view(np.uint16), want, kind)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_large_all_reduce_on_groups_that_come_and_go(dist, rank, size):
+    """The two-rank path keeps a private duplicate per communicator; it goes with the group."""
+    n = 100_003
+    rows = np.stack([rank_words("bf16", r, n, seed=13) for r in range(size)])
+    for _ in range(3):
+        g = dist.new_group(list(range(size)))
+        x = array_of("bf16", rows[rank])
+        dist.all_reduce(x, group=g)
+        assert_words_equal(x.view(np.uint16), reference(rows, "bf16", "SUM", size), "bf16")
+        dist.destroy_process_group(g)
+    x = array_of("bf16", rows[rank])
+    dist.all_reduce(x)
+    assert_words_equal(x.view(np.uint16), reference(rows, "bf16", "SUM", size), "bf16")
