@@ -9,8 +9,10 @@ step, and the group knows the one fact that decides it: how many nodes it spans
 * One node: memory moves the bytes faster than backward produces them, and backward and
   MPI compete for the same cores, so calls up to :data:`ONE_NODE` bytes block
   (benchmarks/torch_backend.py measured the blocking call faster at every size).
-* Across nodes: the network is the bottleneck, so calls from :data:`ACROSS_NODES` bytes on
-  overlap; smaller ones still block (their time is latency, not bandwidth).
+* Across nodes: the network is the bottleneck, so every asynchronous call overlaps
+  (:data:`ACROSS_NODES` is 0). Even small ones: a blocking call in the middle of backward
+  makes each rank wait there for the slowest (benchmarks/network.py --ddp measured DDP
+  steps slower with small buckets blocking than with every bucket overlapped).
 
 ``MPIDIST_TORCH_SYNC_BYTES`` overrides both for every group (``0``: every asynchronous call
 overlaps).
@@ -27,7 +29,7 @@ from .. import nodecount
 #: One node: asynchronous calls of at most this many bytes run the blocking MPI call.
 ONE_NODE = 64 << 20
 #: Across nodes: asynchronous calls of at most this many bytes run the blocking MPI call.
-ACROSS_NODES = 256 << 10
+ACROSS_NODES = 0
 
 
 def from_env() -> int | None:
