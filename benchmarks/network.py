@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help="samples per implementation (default 3, quick 2)")
     ap.add_argument("--target", type=float, default=0.05, help="seconds per sample")
     ap.add_argument("--ddp", action="store_true", help="also the two-node DDP step benchmark")
+    ap.add_argument("--ddp-reps", type=int, default=3, help="DDP steps per trial (2 trials)")
     ap.add_argument("--no-calls", action="store_true", help="skip run.py (only 16-bit / DDP)")
     ap.add_argument("--job-timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=HERE / "results")
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                 low = json.loads(path.read_text())
             if args.ddp:
                 path = out / f"network_{tag}_ddp.json"
-                cmd = ["benchmarks/torch_backend.py", "--two-node", "--json", str(path)]
+                cmd = ["benchmarks/torch_backend.py", "--two-node", "--ddp-reps", str(args.ddp_reps),
+                       "--trials", "2", "--json", str(path)]
                 if run_job(c, cmd, env, args.job_timeout, log):
                     ddp = ddp_bounds(json.loads(path.read_text()), rate)
             block = combine(rate, 2, f32, low, ddp)

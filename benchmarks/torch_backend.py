@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200, help="calls per trial for small messages")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--large-width", type=int, default=1600, help="width of the large MLP (4 layers)")
-    ap.add_argument("--ddp-reps", type=int, default=10)
+    ap.add_argument("--ddp-reps", type=int, default=None, help="steps per trial (default 10, --two-node 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     ap.add_argument("--json", help="also write the results here (rank 0)")
     ap.add_argument("--two-node", action="store_true",
@@ -155,8 +155,7 @@ def main() -> None:
     gloo = dist.new_group(backend="gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     if args.two_node:
-        if args.ddp_reps == 10:
-            args.ddp_reps, args.trials = 3, 2  # steps take a network's time: keep the run short
+        args.ddp_reps = args.ddp_reps or 3  # steps take a network's time: keep the run short
         res = two_node(args, gloo)
         if rank == 0 and args.json:
             with open(args.json, "w") as fh:

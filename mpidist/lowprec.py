@@ -25,14 +25,19 @@ one node and moves twice the bytes across nodes, so the words are what travels:
 * reduce_scatter -- ``MPI_Alltoall`` of the blocks, then the float32 pass on the own block.
 
 Every path combines the ranks' values in rank order, so the result does not depend on
-the path. The ``I*`` variants run to completion and return ``MPI.REQUEST_NULL`` (the
-arithmetic between the two exchanges needs the first one done).
+the path. ``Iallreduce`` (``async_op=True``, DDP's fp16-compressed buckets) runs on one
+worker thread per process, in issue order, on a private duplicate of the communicator, and
+returns a generalized request (``MPI_Grequest_start``) that the worker completes; without
+``MPI_THREAD_MULTIPLE`` it runs at once. The other ``I*`` variants run to completion and
+return ``MPI.REQUEST_NULL``.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,6 +50,8 @@ CHUNK = 1 << 20
 DEPTH = 3
 #: Scratch buffers up to this many words are kept per thread for the next call.
 SCRATCH_KEEP = 1 << 24
+#: Asynchronous all-reduces (``async_op=True``) run on a worker thread, overlapping the caller.
+ASYNC = True
 #: From this many elements on, conversions use torch's vectorised casts when torch is loaded.
 TORCH_MIN = 4096
 
@@ -234,6 +241,71 @@ def _private(comm: MPI.Comm) -> MPI.Comm:
     return dup
 
 
+def _wait(reqs: list[MPI.Request]) -> None:
+    """``MPI_Waitall``; on the asynchronous worker, ``MPI_Testall`` with growing sleeps instead
+    (a blocking wait there would spin a core that backward needs)."""
+    if threading.current_thread() is not _async.thread:
+        MPI.Request.Waitall(reqs)
+        return
+    pause = 20e-6
+    while not MPI.Request.Testall(reqs):
+        time.sleep(pause)
+        pause = min(pause * 2, 500e-6)
+
+
+class _Async:
+    """One thread per process that runs the asynchronous 16-bit all-reduces in issue order.
+
+    Each is handed over with a generalized request (``MPI_Grequest_start``) that the thread
+    completes, so the caller's ``Work`` waits on it like on any MPI request. The thread works
+    on a private duplicate of the communicator, made by the caller (collective), so the
+    caller's own collectives on the communicator never meet it.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def submit(self, job: Any) -> MPI.Request:
+        failed: list[BaseException] = []
+        greq = MPI.Grequest.Start(_query, _free, _cancel, args=(failed,))
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="mpidist-lowprec", daemon=True)
+                self.thread.start()
+        self.jobs.put((job, greq, failed))
+        return greq
+
+    def _run(self) -> None:
+        while True:
+            job, greq, failed = self.jobs.get()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - reported through the request's status
+                failed.append(exc)
+            greq.Complete()
+
+
+def _query(status: MPI.Status, failed: list) -> None:
+    status.Set_source(MPI.UNDEFINED)
+    status.Set_tag(MPI.UNDEFINED)
+    status.Set_error(MPI.ERR_OTHER if failed else MPI.SUCCESS)
+    status.Set_elements(MPI.BYTE, 0)
+    status.Set_cancelled(False)
+
+
+def _free(failed: list) -> None:
+    pass
+
+
+def _cancel(completed: bool, failed: list) -> None:
+    pass
+
+
+_async = _Async()
+
+
 def _allreduce_pair(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
     """Two ranks: rank r reduces half r of each chunk, then the halves are swapped.
 
@@ -264,7 +336,7 @@ def _allreduce_pair(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
     incoming = [exchange(k) for k in range(depth)]
     outgoing: list[MPI.Request] = []
     for k in range(nchunks):
-        MPI.Request.Waitall(incoming[k])
+        _wait(incoming[k])
         mine, theirs = chunks[k]
         rows = slots[k % depth, :2 * mine.size].reshape(2, mine.size)
         rows[me] = mine
@@ -272,7 +344,7 @@ def _allreduce_pair(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
         outgoing += [comm.Isend([mine, _WORD], peer, 1), comm.Irecv([theirs, _WORD], peer, 1)]
         if k + depth < nchunks:
             incoming.append(exchange(k + depth))
-    MPI.Request.Waitall(outgoing)
+    _wait(outgoing)
 
 
 def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
@@ -351,9 +423,16 @@ class Words16:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:  # noqa: N802
         reduce_scatter_block(self.comm, _words(sendbuf), _words(recvbuf), self.red)
 
-    def Iallreduce(self, *args: Any) -> MPI.Request:  # noqa: N802
-        self.Allreduce(*args)
-        return MPI.REQUEST_NULL
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> MPI.Request:  # noqa: N802
+        """On :data:`ASYNC` (``MPI_THREAD_MULTIPLE``): run on the worker thread, else now."""
+        if not ASYNC or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            self.Allreduce(sendbuf, recvbuf, op)
+            return MPI.REQUEST_NULL
+        words = _words(recvbuf)
+        if sendbuf is not MPI.IN_PLACE:
+            words[...] = _words(sendbuf)
+        private, red = _private(self.comm), self.red
+        return _async.submit(lambda: allreduce(private, words, red))
 
     def Ireduce(self, *args: Any) -> MPI.Request:  # noqa: N802
         self.Reduce(*args)

@@ -215,3 +215,23 @@ def test_large_all_reduce_on_groups_that_come_and_go(dist, rank, size):
     x = array_of("bf16", rows[rank])
     dist.all_reduce(x)
     assert_words_equal(x.view(np.uint16), reference(rows, "bf16", "SUM", size), "bf16")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1001, 200_001])
+def test_async_all_reduces_in_flight_together(dist, rank, size, n):
+    """Several async 16-bit all-reduces, a float32 one between them, then the waits: each exact."""
+    kinds = ["f16", "bf16", "f16"]
+    rows = [np.stack([rank_words(k, r, n, seed=20 + i) for r in range(size)]) for i, k in enumerate(kinds)]
+    xs = [array_of(k, rw[rank]) for k, rw in zip(kinds, rows)]
+    works = [dist.all_reduce(xs[0], op=dist.ReduceOp.AVG, async_op=True),
+             dist.all_reduce(xs[1], async_op=True)]
+    f = np.full(5, rank + 1.0, np.float32)
+    dist.all_reduce(f)  # the caller's own collective while the 16-bit ones run
+    works.append(dist.all_reduce(xs[2], op=dist.make_premul_sum(FACTOR), async_op=True))
+    for w in reversed(works):
+        assert w.wait() is True
+    np.testing.assert_array_equal(f, size * (size + 1) / 2)
+    for x, k, rw, op in zip(xs, kinds, rows, ["AVG", "SUM", "PREMUL_SUM"]):
+        assert_words_equal(x.view(np.uint16), reference(rw, k, op, size), k)
+        assert len(set(gathered(dist, x.view(np.uint16).tobytes()))) == 1
