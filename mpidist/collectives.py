@@ -75,7 +75,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         return None
     comm = p.reducer(pg.comm)
     return issue(pg, call, async_op, comm.Allreduce, comm.Iallreduce, (IN_PLACE, [arr, d.mpi], p.op),
-                 _average(p, arr, d, pg._size), tensor, staging)
+                 _average(p, arr, d, pg._size), tensor, staging, p.lowprec is not None)
 
 
 @define(fingerprint=agree(tensor=ARRAY, src=ROOT), gpu_direct=True)
@@ -128,7 +128,8 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     else:
         args = ([_send_operand(arr, d, p), d.mpi], None, p.op, root)
         post = None
-    return issue(pg, call, async_op, comm.Reduce, comm.Ireduce, args, post, tensor, staging)
+    return issue(pg, call, async_op, comm.Reduce, comm.Ireduce, args, post, tensor, staging,
+                 p.lowprec is not None)
 
 
 def _reduce_scatter(pg: ProcessGroup, call: Any, out: np.ndarray, send: np.ndarray, d: DType,
@@ -143,7 +144,7 @@ def _reduce_scatter(pg: ProcessGroup, call: Any, out: np.ndarray, send: np.ndarr
         post = then(copy_back, post)
     comm = p.reducer(pg.comm)
     return issue(pg, call, async_op, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
-                 ([send, d.mpi], [recv, d.mpi], p.op), post, output, staging)
+                 ([send, d.mpi], [recv, d.mpi], p.op), post, output, staging, p.lowprec is not None)
 
 
 @define(fingerprint=agree(op=OP, output=ARRAY, input_list=ARRAY), reducing=True)

@@ -27,10 +27,13 @@ Step = Callable[[], None]
 
 def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., Any],
           nonblocking: Callable[..., Any], args: tuple, post: Step | None = None,
-          output: Any = None, staging: list[gpu.Staged] | None = None) -> Work | None:
+          output: Any = None, staging: list[gpu.Staged] | None = None,
+          own_waits: bool = False) -> Work | None:
     """Complete ``nonblocking(*args)`` (``blocking`` on one rank), then ``post()``; or a Work.
 
     ``staging`` holds the call's device buffers: their copy-back and release join ``post``.
+    ``own_waits``: ``blocking`` is mpidist's own sequence of MPI calls (the 16-bit reductions,
+    :mod:`mpidist.lowprec`), run as it is rather than through its nonblocking form.
     """
     if staging:
         post = gpu.completion(staging, post, output)
@@ -40,7 +43,7 @@ def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., A
         pg.seq += 1
         if async_op:
             return Work((nonblocking(*args),), call, post, output, pg, keep=args)
-        if pg._size == 1:
+        if pg._size == 1 or own_waits:
             blocking(*args)
         else:
             wait((nonblocking(*args),), pg, call, args)

@@ -8,23 +8,36 @@ float32 in rank order, scaled (AVG, PREMUL_SUM) in float32, and rounded once, to
 even. The result is the same on every rank.
 
 The reductions are :class:`Words16` methods, which stand in for the communicator's
-``Allreduce`` / ``Reduce`` / ``Reduce_scatter_block`` (see :meth:`mpidist.ops.Plan.on`):
+``Allreduce`` / ``Reduce`` / ``Reduce_scatter_block`` (see :meth:`mpidist.ops.Plan.on`).
+The float32 arithmetic runs in one pass over memory in a small C kernel (``_words16.c``,
+built at install where a C compiler is found), else in numpy (torch's casts for float16
+when torch is loaded). Widening to float32 and reducing inside MPI was measured slower on
+one node and moves twice the bytes across nodes, so the words are what travels:
 
-* all_reduce -- small messages and 2 ranks: ``MPI_Allgather`` of the words, then every rank
-  reduces all of them (one collective; at 2 ranks it moves as many bytes as a ring). Large
-  messages on more ranks: ``MPI_Alltoallv`` so that each
-  rank holds every rank's copy of its slice, one vectorised float32 pass per slice, then
+* all_reduce -- small messages (and fewer words than ranks): ``MPI_Allgather`` of the
+  words, then every rank reduces all of them (one collective). Large messages on 2 ranks:
+  each rank sums one half (``MPI_Sendrecv`` of the other half with the peer) and the sums
+  are swapped with a second ``MPI_Sendrecv``, on a private duplicate of the communicator,
+  in chunks of :data:`CHUNK` words. Large messages on more ranks: ``MPI_Alltoallv`` so
+  that each rank holds every rank's copy of its slice, one float32 pass per slice, then
   ``MPI_Allgatherv`` of the rounded words (a reduce-scatter/all-gather allreduce).
-* reduce -- the same two shapes, ending in ``MPI_Gather(v)`` to the root.
+* reduce -- the gather or the reduce-scatter shape, ending in ``MPI_Gather(v)`` to the root.
 * reduce_scatter -- ``MPI_Alltoall`` of the blocks, then the float32 pass on the own block.
 
-The ``I*`` variants run to completion and return ``MPI.REQUEST_NULL`` (the arithmetic
-between the two exchanges needs the first one done).
+Every path combines the ranks' values in rank order, so the result does not depend on
+the path. ``Iallreduce`` (``async_op=True``, DDP's fp16-compressed buckets) runs on one
+worker thread per process, in issue order, on a private duplicate of the communicator, and
+returns a generalized request (``MPI_Grequest_start``) that the worker completes; without
+``MPI_THREAD_MULTIPLE`` it runs at once. The other ``I*`` variants run to completion and
+return ``MPI.REQUEST_NULL``.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,11 +45,32 @@ from mpi4py import MPI
 
 #: Below this many bytes per rank all_reduce/reduce gather every rank's words instead.
 SMALL_BYTES = 64 * 1024
+#: The two-rank path moves its halves in chunks of this many words, :data:`DEPTH` chunks in flight.
+CHUNK = 1 << 20
+DEPTH = 3
+#: Scratch buffers up to this many words are kept per thread for the next call.
+SCRATCH_KEEP = 1 << 24
+#: Asynchronous all-reduces (``async_op=True``) run on a worker thread, overlapping the caller.
+ASYNC = True
 #: From this many elements on, conversions use torch's vectorised casts when torch is loaded.
 TORCH_MIN = 4096
 
 _WORD = MPI.UINT16_T
 _ml_bf16: Any = None
+
+try:  # the C kernel, built at install where a compiler is found (setup.py)
+    from . import _words16 as _kernel
+except ImportError:
+    _kernel = None
+_KIND = {"f16": 0, "bf16": 1}
+_OPCODE = {np.add: 0, np.multiply: 1, np.minimum: 2, np.maximum: 3}
+
+
+def kernel(kind: str) -> Any:
+    """The C kernel module when it is built and handles ``kind`` (``"f16"``/``"bf16"``), else ``None``."""
+    if _kernel is not None and (kind == "bf16" or _kernel.has_f16):
+        return _kernel
+    return None
 
 
 def _bf16_dtype() -> Any:
@@ -81,6 +115,10 @@ def _torch_for(n: int) -> Any:
 
 def widen(words: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
     """float16 (``kind`` ``"f16"``) or bfloat16 (``"bf16"``) words -> float32 ``out``, exactly."""
+    k = kernel(kind)
+    if k is not None:
+        k.widen(words, out, _KIND[kind])
+        return out
     torch = _torch_for(words.size)
     if kind == "f16":
         if torch is not None:
@@ -97,6 +135,10 @@ def widen(words: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
 
 def narrow(values: np.ndarray, kind: str, out: np.ndarray) -> np.ndarray:
     """float32 -> 16-bit words in ``out``, rounded once to nearest even."""
+    k = kernel(kind)
+    if k is not None:
+        k.narrow(values, out, _KIND[kind])
+        return out
     torch = _torch_for(values.size)
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the defined results
         if kind == "f16":
@@ -121,18 +163,41 @@ class Reduction(NamedTuple):
 
 
 def reduce_rows(rows: np.ndarray, red: Reduction, size: int, out: np.ndarray) -> np.ndarray:
-    """Reduce the rows of ``rows`` (``(k, m)`` words, rank order) into ``out`` (``m`` words)."""
+    """Reduce the rows of ``rows`` (``(k, m)`` words, rank order) into ``out`` (``m`` words).
+
+    One pass in the C kernel when it is built; otherwise numpy, one row at a time.
+    """
+    k = kernel(red.kind)
+    if k is not None:
+        scaled = red.scale is not None
+        k.reduce(rows, rows.shape[0], out, _KIND[red.kind], _OPCODE[red.ufunc],
+                 float(size) if red.average else 0.0, scaled, float(red.scale) if scaled else 0.0)
+        return out
     m = rows.shape[1]
     acc = widen(rows[0], red.kind, np.empty(m, np.float32))
-    if rows.shape[0] > 1:
-        tmp = np.empty(m, np.float32)
-        for row in rows[1:]:
-            red.ufunc(acc, widen(row, red.kind, tmp), out=acc)
-    if red.average:
-        np.divide(acc, np.float32(size), out=acc)
-    if red.scale is not None:
-        np.multiply(acc, np.float32(red.scale), out=acc)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the defined results
+        if rows.shape[0] > 1:
+            tmp = np.empty(m, np.float32)
+            for row in rows[1:]:
+                red.ufunc(acc, widen(row, red.kind, tmp), out=acc)
+        if red.average:
+            np.divide(acc, np.float32(size), out=acc)
+        if red.scale is not None:
+            np.multiply(acc, np.float32(red.scale), out=acc)
     return narrow(acc, red.kind, out)
+
+
+_local = threading.local()
+
+
+def _scratch(nwords: int) -> np.ndarray:
+    """``nwords`` uint16 scratch words, reused by this thread's next call (page faults cost more)."""
+    buf = getattr(_local, "words", None)
+    if buf is None or buf.size < nwords:
+        buf = np.empty(nwords, np.uint16)
+        if nwords <= SCRATCH_KEEP:
+            _local.words = buf
+    return buf[:nwords]
 
 
 def _split(n: int, size: int) -> tuple[list[int], list[int]]:
@@ -149,15 +214,137 @@ def _scatter_slices(comm: MPI.Comm, words: np.ndarray, red: Reduction, out: np.n
     size, me = comm.Get_size(), comm.Get_rank()
     counts, displs = _split(words.size, size)
     m = counts[me]
-    rows = np.empty((size, m), np.uint16)
+    rows = _scratch(size * m).reshape(size, m)
     comm.Alltoallv([words, (counts, displs), _WORD], [rows, ([m] * size, None), _WORD])
     seg = out if out is not None else np.empty(m, np.uint16)
     return reduce_rows(rows, red, size, seg), counts, displs
 
 
 def _gather_all(n: int, size: int) -> bool:
-    """Whether every rank should receive all words (cheaper than two exchanges)."""
-    return size <= 2 or n * 2 <= SMALL_BYTES or n < size
+    """Whether every rank should receive all words (one exchange instead of two)."""
+    return n * 2 <= SMALL_BYTES or n < size
+
+
+_private_key: int | None = None
+
+
+def _private(comm: MPI.Comm) -> MPI.Comm:
+    """A duplicate of ``comm`` for lowprec's point-to-point messages, made on first use
+    (collective: every rank is in the same reduction) and freed with ``comm``."""
+    global _private_key
+    if _private_key is None:
+        _private_key = MPI.Comm.Create_keyval(delete_fn=lambda c, k, dup: dup.Free())
+    dup = comm.Get_attr(_private_key)
+    if dup is None:
+        dup = comm.Dup()
+        comm.Set_attr(_private_key, dup)
+    return dup
+
+
+def _wait(reqs: list[MPI.Request]) -> None:
+    """``MPI_Waitall``; on the asynchronous worker, ``MPI_Testall`` with growing sleeps instead
+    (a blocking wait there would spin a core that backward needs)."""
+    if threading.current_thread() is not _async.thread:
+        MPI.Request.Waitall(reqs)
+        return
+    pause = 20e-6
+    while not MPI.Request.Testall(reqs):
+        time.sleep(pause)
+        pause = min(pause * 2, 500e-6)
+
+
+class _Async:
+    """One thread per process that runs the asynchronous 16-bit all-reduces in issue order.
+
+    Each is handed over with a generalized request (``MPI_Grequest_start``) that the thread
+    completes, so the caller's ``Work`` waits on it like on any MPI request. The thread works
+    on a private duplicate of the communicator, made by the caller (collective), so the
+    caller's own collectives on the communicator never meet it.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def submit(self, job: Any) -> MPI.Request:
+        failed: list[BaseException] = []
+        greq = MPI.Grequest.Start(_query, _free, _cancel, args=(failed,))
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="mpidist-lowprec", daemon=True)
+                self.thread.start()
+        self.jobs.put((job, greq, failed))
+        return greq
+
+    def _run(self) -> None:
+        while True:
+            job, greq, failed = self.jobs.get()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - reported through the request's status
+                failed.append(exc)
+            greq.Complete()
+
+
+def _query(status: MPI.Status, failed: list) -> None:
+    status.Set_source(MPI.UNDEFINED)
+    status.Set_tag(MPI.UNDEFINED)
+    status.Set_error(MPI.ERR_OTHER if failed else MPI.SUCCESS)
+    status.Set_elements(MPI.BYTE, 0)
+    status.Set_cancelled(False)
+
+
+def _free(failed: list) -> None:
+    pass
+
+
+def _cancel(completed: bool, failed: list) -> None:
+    pass
+
+
+_async = _Async()
+
+
+def _allreduce_pair(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
+    """Two ranks: rank r reduces half r of each chunk, then the halves are swapped.
+
+    Pipelined: while chunk k is reduced, the halves of the next :data:`DEPTH` chunks are
+    on their way (``MPI_Isend``/``MPI_Irecv``), and chunk k's sum leaves at once, so the
+    link stays busy in both directions.
+    """
+    me = comm.Get_rank()
+    peer = 1 - me
+    comm = _private(comm)
+    n = words.size
+    step = min(n, CHUNK)
+    nchunks = -(-n // step)
+    depth = min(DEPTH, nchunks)
+    width = step - step // 2  # the larger half
+    slots = _scratch(depth * 2 * width).reshape(depth, 2 * width)
+    chunks = []
+    for k in range(nchunks):
+        part = words[k * step:(k + 1) * step]
+        halves = (part[:part.size // 2], part[part.size // 2:])
+        chunks.append((halves[me], halves[peer]))
+
+    def exchange(k: int) -> list[MPI.Request]:
+        mine, theirs = chunks[k]
+        rows = slots[k % depth, :2 * mine.size].reshape(2, mine.size)
+        return [comm.Isend([theirs, _WORD], peer, 0), comm.Irecv([rows[peer], _WORD], peer, 0)]
+
+    incoming = [exchange(k) for k in range(depth)]
+    outgoing: list[MPI.Request] = []
+    for k in range(nchunks):
+        _wait(incoming[k])
+        mine, theirs = chunks[k]
+        rows = slots[k % depth, :2 * mine.size].reshape(2, mine.size)
+        rows[me] = mine
+        reduce_rows(rows, red, 2, mine)
+        outgoing += [comm.Isend([mine, _WORD], peer, 1), comm.Irecv([theirs, _WORD], peer, 1)]
+        if k + depth < nchunks:
+            incoming.append(exchange(k + depth))
+    _wait(outgoing)
 
 
 def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
@@ -166,14 +353,16 @@ def allreduce(comm: MPI.Comm, words: np.ndarray, red: Reduction) -> None:
     if n == 0:
         return
     if _gather_all(n, size):
-        rows = np.empty((size, n), np.uint16)
+        rows = _scratch(size * n).reshape(size, n)
         comm.Allgather([words, _WORD], [rows, _WORD])
         reduce_rows(rows, red, size, words)
-        return
-    counts, displs = _split(n, size)
-    me = comm.Get_rank()
-    _scatter_slices(comm, words, red, words[displs[me]:displs[me] + counts[me]])
-    comm.Allgatherv(MPI.IN_PLACE, [words, (counts, displs), _WORD])
+    elif size == 2:
+        _allreduce_pair(comm, words, red)
+    else:
+        counts, displs = _split(n, size)
+        me = comm.Get_rank()
+        _scatter_slices(comm, words, red, words[displs[me]:displs[me] + counts[me]])
+        comm.Allgatherv(MPI.IN_PLACE, [words, (counts, displs), _WORD])
 
 
 def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int, red: Reduction
@@ -183,7 +372,7 @@ def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int,
     if n == 0:
         return
     if _gather_all(n, size):
-        rows = np.empty((size, n), np.uint16) if me == root else None
+        rows = _scratch(size * n).reshape(size, n) if me == root else None
         comm.Gather([send, _WORD], [rows, _WORD] if me == root else None, root)
         if me == root:
             reduce_rows(rows, red, size, recv)
@@ -199,7 +388,7 @@ def reduce(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray | None, root: int,
 def reduce_scatter_block(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, red: Reduction) -> None:
     """Block r of the reduction of 1-D ``send`` (``size * m`` words) into rank r's ``recv``."""
     size, m = comm.Get_size(), recv.size
-    rows = np.empty((size, m), np.uint16)
+    rows = _scratch(size * m).reshape(size, m)
     comm.Alltoall([send, _WORD], [rows, _WORD])
     reduce_rows(rows, red, size, recv.reshape(-1))
 
@@ -234,9 +423,16 @@ class Words16:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:  # noqa: N802
         reduce_scatter_block(self.comm, _words(sendbuf), _words(recvbuf), self.red)
 
-    def Iallreduce(self, *args: Any) -> MPI.Request:  # noqa: N802
-        self.Allreduce(*args)
-        return MPI.REQUEST_NULL
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> MPI.Request:  # noqa: N802
+        """On :data:`ASYNC` (``MPI_THREAD_MULTIPLE``): run on the worker thread, else now."""
+        if not ASYNC or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            self.Allreduce(sendbuf, recvbuf, op)
+            return MPI.REQUEST_NULL
+        words = _words(recvbuf)
+        if sendbuf is not MPI.IN_PLACE:
+            words[...] = _words(sendbuf)
+        private, red = _private(self.comm), self.red
+        return _async.submit(lambda: allreduce(private, words, red))
 
     def Ireduce(self, *args: Any) -> MPI.Request:  # noqa: N802
         self.Reduce(*args)

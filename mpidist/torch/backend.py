@@ -10,12 +10,12 @@ collective on the group's :class:`mpidist.ProcessGroup`. A call torch makes sync
 (``opts.asyncOp`` false, e.g. ``dist.all_reduce(t)``) runs the blocking MPI routine and
 returns finished work; an asynchronous one (DDP's buckets, ``async_op=True``) runs the
 nonblocking ``MPI_I*`` routine and the progress thread completes its future, except for
-messages of at most :data:`SYNC_BYTES`, where the blocking call was measured faster.
+messages up to a limit chosen from the nodes the group spans (:mod:`.overlap`), where the
+blocking call was measured faster.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -27,19 +27,16 @@ from .. import world as mworld
 from ..groups import ProcessGroup as MpiGroup
 from ..ops import ReduceOp, make_premul_sum
 from ..waiting import seconds
+from . import overlap
 from . import work as twork
 
 #: Backend name for ``init_process_group``.
 NAME = "mpidist"
-#: Asynchronous collectives of at most this many bytes run the blocking MPI call. Measured
-#: (benchmarks/torch_backend.py, 2 ranks on 2 cores): the blocking call was faster at every
-#: size, by 4x below 1 MiB (no progress-thread handoff); DDP stepped in 0.52 vs 0.54 ms (7k
-#: parameters) and 77 vs 98 ms (10 M) blocking vs overlapped, since backward and MPI compete
-#: for the same cores. So up to 64 MiB (DDP's 25 MiB buckets included) calls block; set
-#: MPIDIST_TORCH_SYNC_BYTES=0 to overlap where idle cores make it pay. Like torch's own MPI backend
-#: (one worker thread, calls in issue order), ranks must then issue collectives on different
-#: groups in the same order.
-SYNC_BYTES = int(os.environ.get("MPIDIST_TORCH_SYNC_BYTES", str(64 << 20)))
+#: Asynchronous collectives of at most this many bytes run the blocking MPI call; ``None``
+#: (``MPIDIST_TORCH_SYNC_BYTES`` unset): chosen per group from the nodes it spans (see
+#: :mod:`.overlap`). Like torch's own MPI backend (one worker thread, calls in issue order),
+#: ranks must issue collectives on different groups in the same order.
+SYNC_BYTES = overlap.from_env()
 
 
 _OPS: dict[Any, ReduceOp] = {}
@@ -72,6 +69,8 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         self._name = mpi_group.group_name
         self._desc = mpi_group.group_desc
         self._timeout = seconds(mpi_group.timeout)
+        # collective (the node count), so made here, where every member creates the group
+        self._sync_limit = overlap.sync_bytes(mpi_group.comm, SYNC_BYTES)
 
     # names: functional collectives and DeviceMesh look groups up by name
     def getBackendName(self) -> str:  # noqa: N802 - torch's method names
@@ -108,7 +107,8 @@ class MpidistProcessGroup(tdist.ProcessGroup):
              args: Sequence[tuple], **kw: Any) -> twork.Work:
         """``fn(*a, group=..., **kw)`` for each ``a`` in ``args``: blocking, or nonblocking with a future."""
         g = self.mpi_group
-        if not getattr(opts, "asyncOp", True) or (SYNC_BYTES and nbytes() <= SYNC_BYTES):
+        limit = self._sync_limit
+        if not getattr(opts, "asyncOp", True) or (limit and nbytes() <= limit):
             for a in args:
                 fn(*a, group=g, **kw)
             return twork.done(value)

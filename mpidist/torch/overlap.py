@@ -1,0 +1,53 @@
+"""Which asynchronous torch calls run the blocking MPI call, and which overlap with backward.
+
+torch marks DDP's bucket all-reduces asynchronous. Running one as the nonblocking MPI call
+(completed by the progress thread) lets backward go on while the bytes travel; running it
+blocking saves the hand-off to the progress thread. Which pays depends on what limits the
+step, and the group knows the one fact that decides it: how many nodes it spans
+(:func:`mpidist.nodecount.nodes`, ``MPI_COMM_TYPE_SHARED``).
+
+* One node: memory moves the bytes faster than backward produces them, and backward and
+  MPI compete for the same cores, so calls up to :data:`ONE_NODE` bytes block
+  (benchmarks/torch_backend.py measured the blocking call faster at every size).
+* Across nodes: the network is the bottleneck, so every asynchronous call overlaps
+  (:data:`ACROSS_NODES` is 0). Even small ones: a blocking call in the middle of backward
+  makes each rank wait there for the slowest (benchmarks/network.py --ddp measured DDP
+  steps slower with small buckets blocking than with every bucket overlapped).
+
+``MPIDIST_TORCH_SYNC_BYTES`` overrides both for every group (``0``: every asynchronous call
+overlaps).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mpi4py import MPI
+
+from .. import nodecount
+
+#: One node: asynchronous calls of at most this many bytes run the blocking MPI call.
+ONE_NODE = 64 << 20
+#: Across nodes: asynchronous calls of at most this many bytes run the blocking MPI call.
+ACROSS_NODES = 0
+
+
+def from_env() -> int | None:
+    """``MPIDIST_TORCH_SYNC_BYTES`` as an int, ``None`` when unset (choose per group)."""
+    text = os.environ.get("MPIDIST_TORCH_SYNC_BYTES", "").strip()
+    return int(text) if text else None
+
+
+def choose(nodes: int) -> int:
+    """The blocking limit in bytes for a group spanning ``nodes`` nodes."""
+    return ONE_NODE if nodes <= 1 else ACROSS_NODES
+
+
+def sync_bytes(comm: MPI.Comm, override: int | None) -> int:
+    """``override`` when set, else the limit for ``comm``'s node count.
+
+    Collective the first time: call it where every rank of ``comm`` does (group creation).
+    """
+    if override is not None:
+        return override
+    return choose(nodecount.nodes(comm))
