@@ -146,7 +146,17 @@ class MpidistProcessGroup(tdist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> twork.Work:
-        return self.allgather(output_lists, input_list, opts)
+        """torch passes ``output_lists[rank][k]`` (rank-major); :meth:`allgather` takes ``[k][rank]``."""
+        n = self.size()
+        if len(output_lists) != n or any(len(row) != len(input_list) for row in output_lists):
+            raise errors.value_error(
+                "all_gather_coalesced", f"output_tensor_lists must hold {n} lists (one per rank) of "
+                f"{len(input_list)} tensors (one per input); got lengths {[len(r) for r in output_lists]} "
+                f"on rank {self.rank()}")
+        by_input = [[output_lists[r][k] for r in range(n)] for k in range(len(input_list))]
+        opts = opts or tdist.AllgatherOptions()
+        return self._run("allgather_coalesced", opts, lambda: _nbytes(input_list) * n, output_lists,
+                         collectives.all_gather, list(zip(by_input, input_list)))
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                         opts: Any = None) -> twork.Work:

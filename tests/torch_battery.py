@@ -1,0 +1,170 @@
+"""Run torch's own distributed test battery on the ``mpidist`` backend, under ``mpiexec``.
+
+The battery is ``torch.testing._internal.distributed.distributed_test.DistributedTest._DistTestBase``
+(shipped in the torch wheel). torch runs it by spawning one process per rank for each test
+(``TestDistBackend``); here the ranks are the MPI job's, and every test gets a fresh default
+process group, as under torch's harness: ``init_process_group("mpidist")``, the file barrier,
+the test method, the file barrier, ``destroy_process_group``.
+
+Skip rules are gloo's: ``BACKEND=gloo`` is in the environment when the battery is imported, so
+its decorators (``skip_but_pass_in_sandcastle_if(BACKEND != "gloo", ...)``,
+``require_backend_is_available``, ``DistTestCases.skip_collective``) decide as for a gloo run;
+the process group itself is mpidist's. A test that leaves by ``sys.exit`` with one of torch's
+``TEST_SKIPS`` codes (no CUDA, small world size...) is a skip, as under torch's harness.
+
+Each rank appends one JSON line per event to ``<results>/rank<N>.jsonl``: ``{"test", "status":
+"start"}`` before a test, then ``{"test", "status": "pass"|"fail"|"skip", "detail"}``. A test
+that runs past ``--test-timeout`` seconds on a rank is recorded as ``"hang"`` and that rank exits
+(ending the job); :mod:`test_torch_battery` restarts the job with the tests left.
+
+Usage: ``mpiexec -n N python tests/torch_battery.py --results DIR [TEST_NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import unittest
+from datetime import timedelta
+
+from mpi4py import MPI
+
+
+def _prepare_environment() -> None:
+    """What torch's harness sets before the battery is imported: gloo's rules, world size, temp dirs."""
+    comm = MPI.COMM_WORLD
+    os.environ["BACKEND"] = "gloo"  # the skip rules; the process group is mpidist's
+    os.environ["WORLD_SIZE"] = str(comm.Get_size())
+    os.environ.setdefault("INIT_METHOD", "env://")
+    os.environ.setdefault("MPIDIST_ABORT_ON_ERROR", "0")
+    temp = None
+    if comm.Get_rank() == 0:
+        temp = tempfile.mkdtemp(prefix="mpidist-battery-")
+        for sub in ("barrier", "test_dir", "init_dir"):
+            os.mkdir(os.path.join(temp, sub))
+    os.environ["TEMP_DIR"] = comm.bcast(temp, 0)
+
+
+class _Record:
+    def __init__(self, path: str) -> None:
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the run
+
+    def __call__(self, test: str, status: str, detail: str = "") -> None:
+        self._f.write(json.dumps({"test": test, "status": status, "detail": detail}) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+
+def _watchdog(record: _Record, limit: float) -> tuple[threading.Event, list]:
+    """A thread that records ``hang`` and ends the process when a test runs past ``limit``."""
+    current: list = [None, 0.0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            name, since = current
+            if name is not None and time.monotonic() - since > limit:
+                record(name, "hang", f"still running after {limit:.0f} s on rank {MPI.COMM_WORLD.Get_rank()}")
+                sys.stderr.write(f"torch_battery: {name} hangs on rank {MPI.COMM_WORLD.Get_rank()}; "
+                                 "ending the job. Where each thread is:\n")
+                faulthandler.dump_traceback(all_threads=True)
+                sys.stderr.flush()
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="battery-watchdog").start()
+    return stop, current
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--test-timeout", type=float, default=90.0)
+    ap.add_argument("tests", nargs="*")
+    a = ap.parse_args()
+    _prepare_environment()
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.common_distributed import TEST_SKIPS
+    from torch.testing._internal.distributed import distributed_test as dt
+
+    import mpidist.torch  # noqa: F401  (registers the backend)
+
+    torch.set_num_threads(1)
+    skip_codes = {s.exit_code: s.message for s in TEST_SKIPS.values()}
+    rank = MPI.COMM_WORLD.Get_rank()
+
+    class Battery(dt.DistributedTest._DistTestBase, common_utils.TestCase):
+        skip_return_code_checks: list = []
+
+        @property
+        def world_size(self) -> str:  # torch's harness gives it as the variable's text
+            return os.environ["WORLD_SIZE"]
+
+        @property
+        def init_method(self) -> str:
+            return os.environ["INIT_METHOD"]
+
+        @property
+        def destroy_pg_upon_exit(self) -> bool:
+            return False
+
+    names = a.tests or sorted(n for n in dir(Battery) if n.startswith("test_"))
+    record = _Record(os.path.join(a.results, f"rank{rank}.jsonl"))
+    stop, current = _watchdog(record, a.test_timeout)
+    for name in names:
+        method = getattr(Battery, name)
+        if getattr(method, "__unittest_skip__", False):
+            record(name, "skip", str(getattr(method, "__unittest_skip_why__", "")))
+            continue
+        record(name, "start")
+        current[:] = [name, time.monotonic()]
+        # torch's harness starts each test in new processes, barrier count 0 and no files left
+        MPI.COMM_WORLD.Barrier()
+        if rank == 0:
+            dt.Barrier.init()
+        dt.Barrier.barrier_id = 0
+        MPI.COMM_WORLD.Barrier()
+        case = Battery(name)
+        case.rank = rank
+        case.file_name = os.path.join(os.environ["TEMP_DIR"], "init_dir", "shared_init_file")
+        status, detail = "pass", ""
+        try:
+            timeout = timedelta(seconds=dt.CUSTOM_PG_TIMEOUT.get(name, dt.default_pg_timeout))
+            dist.init_process_group("mpidist", timeout=timeout)
+            case._barrier()
+            common_utils.set_rng_seed()
+            getattr(case, name)()
+            case._barrier()
+        except unittest.SkipTest as exc:
+            status, detail = "skip", str(exc)
+        except SystemExit as exc:
+            if exc.code in skip_codes:
+                status, detail = "skip", skip_codes[exc.code]
+            else:
+                status, detail = "fail", f"sys.exit({exc.code!r})"
+        except BaseException:  # noqa: BLE001 - every failure is a result to report
+            status, detail = "fail", traceback.format_exc()
+        finally:
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001
+                    detail += "\n(destroy_process_group failed: " + traceback.format_exc() + ")"
+        current[:] = [None, 0.0]
+        record(name, status, detail)
+    stop.set()
+    MPI.COMM_WORLD.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
