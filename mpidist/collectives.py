@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import debug, errors, gpu
+from . import debug, errors, gpu, sparse
 from .buffers import DType, address, as_buffer, as_buffers, complete, joined, same_dtype
 from .groups import ProcessGroup, group_rank_of, resolve
 from .ops import ReduceOp, divide, plan, premultiply
@@ -110,7 +110,12 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         return debug.run(all_reduce, "all_reduce", locals())
     call = "all_reduce"
     pg = resolve(group, call)
-    arr, d = as_buffer(tensor, call, "tensor", True)
+    try:
+        arr, d = as_buffer(tensor, call, "tensor", True)
+    except TypeError:
+        if sparse.is_sparse(tensor):  # gathered and summed (mpidist/sparse.py); off the fast path
+            return sparse.all_reduce(tensor, op, pg, async_op)
+        raise
     p = plan(op, d, call)
     if p.factor is not None:
         premultiply(arr, d, p.factor, out=arr)

@@ -33,12 +33,13 @@ import time
 import traceback
 import unittest
 from datetime import timedelta
-
-from mpi4py import MPI
+from pathlib import Path
 
 
 def _prepare_environment() -> None:
     """What torch's harness sets before the battery is imported: gloo's rules, world size, temp dirs."""
+    from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     os.environ["BACKEND"] = "gloo"  # the skip rules; the process group is mpidist's
     os.environ["WORLD_SIZE"] = str(comm.Get_size())
@@ -64,6 +65,8 @@ class _Record:
 
 def _watchdog(record: _Record, limit: float) -> tuple[threading.Event, list]:
     """A thread that records ``hang`` and ends the process when a test runs past ``limit``."""
+    from mpi4py import MPI
+
     current: list = [None, 0.0]
     stop = threading.Event()
 
@@ -86,12 +89,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
     ap.add_argument("--test-timeout", type=float, default=90.0)
+    ap.add_argument("--after", help="run only the tests that sort after this one")
+    ap.add_argument("--not-run", action="append", default=[], help="record this test as not run")
     ap.add_argument("tests", nargs="*")
     a = ap.parse_args()
     _prepare_environment()
-
     import torch
     import torch.distributed as dist
+    from mpi4py import MPI
     from torch.testing._internal import common_utils
     from torch.testing._internal.common_distributed import TEST_SKIPS
     from torch.testing._internal.distributed import distributed_test as dt
@@ -118,12 +123,17 @@ def main() -> int:
             return False
 
     names = a.tests or sorted(n for n in dir(Battery) if n.startswith("test_"))
+    if a.after:
+        names = [n for n in names if n > a.after]
     record = _Record(os.path.join(a.results, f"rank{rank}.jsonl"))
     stop, current = _watchdog(record, a.test_timeout)
     for name in names:
         method = getattr(Battery, name)
         if getattr(method, "__unittest_skip__", False):
             record(name, "skip", str(getattr(method, "__unittest_skip_why__", "")))
+            continue
+        if name in a.not_run:
+            record(name, "not-run")
             continue
         record(name, "start")
         current[:] = [name, time.monotonic()]
@@ -166,5 +176,90 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+# ---- the parent side: start the job, restart it after a hang, merge the ranks' records ----
+
+def _merge(records: list[list[dict]]) -> dict[str, tuple[str, str]]:
+    """One outcome per test over all ranks: fail/hang on any rank wins, then skip, then pass."""
+    by_test: dict[str, list[tuple[str, str]]] = {}
+    for rank, events in enumerate(records):
+        for e in events:
+            if e["status"] != "start":
+                by_test.setdefault(e["test"], []).append((e["status"], f"rank {rank}: {e['detail']}"))
+    out = {}
+    for name, results in by_test.items():
+        statuses = {s for s, _ in results}
+        for status in ("hang", "fail", "not-run", "skip", "pass"):
+            if status in statuses:
+                details = [d for s, d in results if s == status]
+                out[name] = (status, "\n".join(details) if status in ("hang", "fail") else details[0])
+                break
+    return out
+
+
+def run(n: int, tests: list[str] | None = None, not_run: tuple[str, ...] = (), test_timeout: float = 60,
+        job_timeout: float = 900) -> dict[str, tuple[str, str]]:
+    """The battery at ``n`` ranks: ``{test: (status, detail)}``, status pass/fail/hang/skip/not-run.
+
+    A hang ends the job (see :func:`_watchdog`); the job is started again with the tests
+    after the one that hung, until every test has an outcome.
+    """
+    from launcher import run_mpi
+
+    results: dict[str, tuple[str, str]] = {}
+    after = None
+    while True:
+        with tempfile.TemporaryDirectory(prefix="mpidist-battery-results-") as tmp:
+            args = [str(Path(__file__).resolve()), "--results", tmp, "--test-timeout", str(test_timeout)]
+            args += [x for name in not_run for x in ("--not-run", name)]
+            args += ["--after", after] if after else []
+            proc = run_mpi(n, args + list(tests or []), timeout=job_timeout,
+                           env={"MPIDIST_ABORT_ON_ERROR": "0", "PYTHONWARNINGS": "ignore"})
+            records = []
+            for rank in range(n):
+                path = Path(tmp) / f"rank{rank}.jsonl"
+                lines = path.read_text().splitlines() if path.exists() else []
+                records.append([json.loads(line) for line in lines])
+        merged = _merge(records)
+        results.update(merged)
+        hung = sorted(t for t, (s, _) in merged.items() if s == "hang")
+        started = {e["test"] for events in records for e in events if e["status"] == "start"}
+        unfinished = sorted(started - set(merged))
+        if proc.returncode == 0 and not hung and not unfinished:
+            return results
+        last = (hung or unfinished or [None])[-1]
+        if last is None:
+            raise RuntimeError(f"battery job at {n} ranks failed before any test (rc {proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        for t in unfinished:
+            results.setdefault(t, ("hang", f"no outcome: the job ended in it (rc {proc.returncode})\n"
+                                          f"{proc.stderr[-3000:]}"))
+        if tests:
+            tests = [t for t in tests if t > last]
+            if not tests:
+                return results
+        after = last
+
+
+def _main_parent(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description="run the battery at N ranks and print the outcome")
+    ap.add_argument("--np", type=int, required=True)
+    ap.add_argument("--test-timeout", type=float, default=60)
+    ap.add_argument("--not-run", action="append", default=[])
+    ap.add_argument("tests", nargs="*")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    t0 = time.monotonic()
+    res = run(a.np, a.tests, tuple(a.not_run), a.test_timeout)
+    counts: dict[str, int] = {}
+    for name, (status, detail) in sorted(res.items()):
+        counts[status] = counts.get(status, 0) + 1
+        if status in ("fail", "hang"):
+            print(f"--- {status.upper()}: {name}\n{detail[-1500:]}")
+    print(f"battery at {a.np} ranks: {counts} in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__" and "--np" in sys.argv:
+    sys.exit(_main_parent(sys.argv[1:]))
+elif __name__ == "__main__":
     sys.exit(main())
