@@ -34,6 +34,7 @@ import traceback
 import unittest
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 
 def _prepare_environment() -> None:
@@ -53,12 +54,34 @@ def _prepare_environment() -> None:
     os.environ["TEMP_DIR"] = comm.bcast(temp, 0)
 
 
+_sync: list = []
+
+
+def _new_sync_comm() -> None:
+    from mpi4py import MPI
+
+    _sync[:] = [MPI.COMM_WORLD.Dup()]  # the old one may hold a barrier a failed test left
+
+
+def _sync_barrier(timeout: float) -> None:
+    """The harness's barrier: ``MPI_Ibarrier`` polled with short sleeps, ``RuntimeError`` past ``timeout``."""
+    req = _sync[0].Ibarrier()
+    deadline = time.monotonic() + timeout
+    pause = 1e-4
+    while not req.Test():
+        if time.monotonic() > deadline:
+            raise RuntimeError("barrier timeout")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+
+
 class _Record:
     def __init__(self, path: str) -> None:
         self._f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the run
 
-    def __call__(self, test: str, status: str, detail: str = "") -> None:
-        self._f.write(json.dumps({"test": test, "status": status, "detail": detail}) + "\n")
+    def __call__(self, test: str, status: str, detail: str = "", seconds: float = 0.0) -> None:
+        self._f.write(json.dumps({"test": test, "status": status, "detail": detail,
+                                  "seconds": round(seconds, 3)}) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
 
@@ -122,6 +145,11 @@ def main() -> int:
         def destroy_pg_upon_exit(self) -> bool:
             return False
 
+        def _barrier(self, wait_for: Any = None, timeout: float = 10) -> None:
+            # torch's harness barrier (files polled every 0.1 s) as MPI_Ibarrier on a
+            # communicator of the harness's own, with the same 10 s limit
+            _sync_barrier(timeout)
+
     names = a.tests or sorted(n for n in dir(Battery) if n.startswith("test_"))
     if a.after:
         names = [n for n in names if n > a.after]
@@ -137,12 +165,9 @@ def main() -> int:
             continue
         record(name, "start")
         current[:] = [name, time.monotonic()]
-        # torch's harness starts each test in new processes, barrier count 0 and no files left
-        MPI.COMM_WORLD.Barrier()
-        if rank == 0:
-            dt.Barrier.init()
-        dt.Barrier.barrier_id = 0
-        MPI.COMM_WORLD.Barrier()
+        # torch's harness starts each test in new processes: a barrier left unmatched by a
+        # failed test must not pair with this one's, so each test syncs on a new communicator
+        _new_sync_comm()
         case = Battery(name)
         case.rank = rank
         case.file_name = os.path.join(os.environ["TEMP_DIR"], "init_dir", "shared_init_file")
@@ -169,8 +194,8 @@ def main() -> int:
                     dist.destroy_process_group()
                 except Exception:  # noqa: BLE001
                     detail += "\n(destroy_process_group failed: " + traceback.format_exc() + ")"
+        record(name, status, detail, time.monotonic() - current[1])
         current[:] = [None, 0.0]
-        record(name, status, detail)
     stop.set()
     MPI.COMM_WORLD.Barrier()
     return 0
@@ -178,34 +203,37 @@ def main() -> int:
 
 # ---- the parent side: start the job, restart it after a hang, merge the ranks' records ----
 
-def _merge(records: list[list[dict]]) -> dict[str, tuple[str, str]]:
+def _merge(records: list[list[dict]]) -> dict[str, tuple[str, str, float]]:
     """One outcome per test over all ranks: fail/hang on any rank wins, then skip, then pass."""
-    by_test: dict[str, list[tuple[str, str]]] = {}
+    by_test: dict[str, list[tuple[str, str, float]]] = {}
     for rank, events in enumerate(records):
         for e in events:
             if e["status"] != "start":
-                by_test.setdefault(e["test"], []).append((e["status"], f"rank {rank}: {e['detail']}"))
+                by_test.setdefault(e["test"], []).append(
+                    (e["status"], f"rank {rank}: {e['detail']}", e.get("seconds", 0.0)))
     out = {}
     for name, results in by_test.items():
-        statuses = {s for s, _ in results}
+        statuses = {s for s, _, _ in results}
+        seconds = max(t for _, _, t in results)
         for status in ("hang", "fail", "not-run", "skip", "pass"):
             if status in statuses:
-                details = [d for s, d in results if s == status]
-                out[name] = (status, "\n".join(details) if status in ("hang", "fail") else details[0])
+                details = [d for s, d, _ in results if s == status]
+                detail = "\n".join(details) if status in ("hang", "fail") else details[0]
+                out[name] = (status, detail, seconds)
                 break
     return out
 
 
 def run(n: int, tests: list[str] | None = None, not_run: tuple[str, ...] = (), test_timeout: float = 60,
-        job_timeout: float = 900) -> dict[str, tuple[str, str]]:
-    """The battery at ``n`` ranks: ``{test: (status, detail)}``, status pass/fail/hang/skip/not-run.
+        job_timeout: float = 900) -> dict[str, tuple[str, str, float]]:
+    """The battery at ``n`` ranks: ``{test: (status, detail, seconds)}``; status pass/fail/hang/skip/not-run.
 
     A hang ends the job (see :func:`_watchdog`); the job is started again with the tests
     after the one that hung, until every test has an outcome.
     """
     from launcher import run_mpi
 
-    results: dict[str, tuple[str, str]] = {}
+    results: dict[str, tuple[str, str, float]] = {}
     after = None
     while True:
         with tempfile.TemporaryDirectory(prefix="mpidist-battery-results-") as tmp:
@@ -221,7 +249,7 @@ def run(n: int, tests: list[str] | None = None, not_run: tuple[str, ...] = (), t
                 records.append([json.loads(line) for line in lines])
         merged = _merge(records)
         results.update(merged)
-        hung = sorted(t for t, (s, _) in merged.items() if s == "hang")
+        hung = sorted(t for t, (s, _, _) in merged.items() if s == "hang")
         started = {e["test"] for events in records for e in events if e["status"] == "start"}
         unfinished = sorted(started - set(merged))
         if proc.returncode == 0 and not hung and not unfinished:
@@ -232,7 +260,7 @@ def run(n: int, tests: list[str] | None = None, not_run: tuple[str, ...] = (), t
                                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         for t in unfinished:
             results.setdefault(t, ("hang", f"no outcome: the job ended in it (rc {proc.returncode})\n"
-                                          f"{proc.stderr[-3000:]}"))
+                                          f"{proc.stderr[-3000:]}", 0.0))
         if tests:
             tests = [t for t in tests if t > last]
             if not tests:
@@ -251,10 +279,12 @@ def _main_parent(argv: list[str]) -> int:
     t0 = time.monotonic()
     res = run(a.np, a.tests, tuple(a.not_run), a.test_timeout)
     counts: dict[str, int] = {}
-    for name, (status, detail) in sorted(res.items()):
+    for name, (status, detail, _) in sorted(res.items()):
         counts[status] = counts.get(status, 0) + 1
         if status in ("fail", "hang"):
             print(f"--- {status.upper()}: {name}\n{detail[-1500:]}")
+    slow = sorted(res.items(), key=lambda kv: -kv[1][2])[:25]
+    print("slowest: " + ", ".join(f"{k} {v[2]:.1f} s" for k, v in slow))
     print(f"battery at {a.np} ranks: {counts} in {time.monotonic() - t0:.0f} s")
     return 0
 
