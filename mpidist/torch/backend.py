@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.autograd.profiler as _profiler
 import torch.distributed as tdist
 from mpi4py import MPI
 
@@ -31,6 +32,7 @@ from .. import world as mworld
 from ..groups import ProcessGroup as MpiGroup
 from ..ops import ReduceOp, make_premul_sum
 from ..work import seconds
+from . import profiling
 from . import work as twork
 
 #: Backend name for ``init_process_group``.
@@ -111,6 +113,9 @@ class MpidistProcessGroup(tdist.ProcessGroup):
     def _run(self, call: str, opts: Any, nbytes: Callable[[], int], value: Any, fn: Callable[..., Any],
              args: Sequence[tuple], **kw: Any) -> twork.Work:
         """``fn(*a, group=..., **kw)`` for each ``a`` in ``args``: blocking, or nonblocking with a future."""
+        # torch's own fast flag: with the profiler off this is the whole cost (no extra call)
+        if _profiler._is_profiler_enabled and profiling.outside_record():
+            return profiling.recorded(call, self, args, self._run, (call, opts, nbytes, value, fn, args), kw)
         g = self.mpi_group
         if not getattr(opts, "asyncOp", True) or (SYNC_BYTES and nbytes() <= SYNC_BYTES):
             for a in args:
@@ -245,17 +250,20 @@ class MpidistProcessGroup(tdist.ProcessGroup):
     # point to point: always nonblocking (a blocking send could deadlock a paired exchange)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> twork.Work:
         g = self.mpi_group
-        works = [p2p.isend(t, group=g, tag=tag, group_dst=dst) for t in tensors]
+        with profiling.maybe("send", self, tensors):
+            works = [p2p.isend(t, group=g, tag=tag, group_dst=dst) for t in tensors]
         return twork.pending(works, tensors, "send", self._timeout)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> twork.Work:
         g = self.mpi_group
-        works = [p2p.irecv(t, group=g, tag=tag, group_src=src) for t in tensors]
+        with profiling.maybe("recv", self, tensors):
+            works = [p2p.irecv(t, group=g, tag=tag, group_src=src) for t in tensors]
         return twork.pending(works, tensors, "recv", self._timeout, source=lambda: src)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> twork.Work:
         g = self.mpi_group
-        works = [p2p.irecv(t, group=g, tag=tag) for t in tensors]
+        with profiling.maybe("recv_anysource", self, tensors):
+            works = [p2p.irecv(t, group=g, tag=tag) for t in tensors]
         return twork.pending(works, tensors, "recv", self._timeout,
                              source=lambda: works[0].source_rank())
 
