@@ -349,3 +349,32 @@ def test_barrier_and_object_calls(tw, groups):
         return [objs, lst, gathered, scattered]
 
     _compare(tw, groups, f)
+
+
+@pytest.mark.mpi
+@GROUPS
+@pytest.mark.parametrize("call", ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_coalescing_manager(tw, groups, call):
+    """``_coalescing_manager`` hands the backend's ``*_coalesced`` entry points several tensors at once."""
+
+    def f(g, me, ranks):
+        n = len(ranks)
+        if call == "all_reduce":
+            outs = [_data(30 + k, me, (k + 2,)) for k in range(3)]
+            with tw._coalescing_manager(group=g, async_ops=True) as cm:
+                for t in outs:
+                    tw.all_reduce(t, group=g)
+        elif call == "all_gather_into_tensor":
+            outs = [torch.zeros((k + 1) * n) for k in range(3)]
+            with tw._coalescing_manager(group=g, async_ops=True) as cm:
+                for k, o in enumerate(outs):
+                    tw.all_gather_into_tensor(o, _data(31 + k, me, (k + 1,)), group=g)
+        else:
+            outs = [torch.zeros(k + 1) for k in range(3)]
+            with tw._coalescing_manager(group=g, async_ops=True) as cm:
+                for k, o in enumerate(outs):
+                    tw.reduce_scatter_tensor(o, _data(32 + k, me, ((k + 1) * n,)), group=g)
+        cm.wait()
+        return outs
+
+    _compare(tw, groups, f)
