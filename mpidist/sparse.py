@@ -44,7 +44,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     """Sum a sparse COO ``tensor`` across the group; every rank gets the coalesced sum in place.
 
     Becomes ``MPI_Allgather`` (entry counts and layout), then ``MPI_Allgatherv`` of the indices
-    and of the values; the sum is the coalesced concatenation. ``async_op=True`` returns a
+    and of the values; the ranks' entries are added in rank order (as gloo adds them, so the
+    result is bit for bit gloo's) and coalesced. ``async_op=True`` returns a
     finished :class:`~mpidist.work.Work` (the exchange itself runs blocking).
 
     Example: rank 0 holds ``{0: 1.0}`` and rank 1 ``{0: 2.0, 3: 5.0}`` (index: value) of a
