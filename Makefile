@@ -33,8 +33,8 @@ TEST_DEPS := venv
 SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 
-.PHONY: venv venv-openmpi test test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up cluster-down \
-	demo lint bench bench-network clean
+.PHONY: venv venv-openmpi test test-torch test-slurm test-openmpi test-cluster slurm-up slurm-down cluster-up \
+	cluster-down demo lint bench bench-network clean
 
 venv: $(VENV)/.installed
 
@@ -59,6 +59,11 @@ test: $(TEST_DEPS)
 # the parts on their own
 test-slurm: venv
 	$(BIN)/python tests/run_suite.py --slurm $(SLURM) --sizes "" tests/test_slurm.py
+
+# torch's own distributed test battery on the mpidist backend under gloo's skip rules,
+# in full at 2 and 3 ranks (the suite runs it at 3 ranks and the per-call tests at 2)
+test-torch: venv
+	MPIDIST_BATTERY=full $(BIN)/python -m pytest -q -p no:cacheprovider -s tests/test_torch_battery.py
 
 test-openmpi: venv venv-openmpi
 	$(BIN)/python tests/run_suite.py --slurm off --no-serial --sizes "" --openmpi-sizes 1,2,3,4 --openmpi $(OMPI_VENV)

@@ -104,7 +104,13 @@ def _from_torch(t: Any, call: str, arg: str, writable: bool = False) -> tuple[np
                 "pass tensor.resolve_conj()"
             )
         t = t.resolve_conj()  # a lazily conjugated view has no plain buffer
-    arr = t.numpy()
+    try:
+        arr = t.numpy()
+    except TypeError:
+        if str(t.layout) != "torch.strided":
+            raise errors.type_error(call, f"argument '{arg}' is a {t.layout} tensor; {call} takes dense "
+                                    "tensors only (all_reduce SUM also takes sparse COO)") from None
+        raise
     return arr, _BY_NUMPY[arr.dtype]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import debug
+from . import debug, sparse
 from .buffers import DType, as_buffer, as_buffers
 from .calls import define
 from .fingerprint import ARRAY, OP, ROOT, agree
@@ -54,7 +54,12 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     if type(pg) is not ProcessGroup or pg.comm is None:
         pg = resolve(group, call)
     staging: list = []
-    arr, d = as_buffer(tensor, call, "tensor", True, staging)
+    try:
+        arr, d = as_buffer(tensor, call, "tensor", True, staging)
+    except TypeError:
+        if sparse.is_sparse(tensor):  # gathered and summed (mpidist/sparse.py); off the fast path
+            return sparse.all_reduce(tensor, op, pg, async_op)
+        raise
     p = op.plans.get(d.kind) if type(op) is ReduceOp else None
     if p is None:
         p = plan(op, d, call)

@@ -28,6 +28,8 @@ from .tags import ANSWER, ARRIVE
 from .waiting import Backoff, poll, seconds
 
 _PASS, _FAIL = 1, 2
+# what a peer says after the verdict (second message on ARRIVE): it heard it, or gave up first
+_HEARD, _GAVE_UP = 1, 2
 
 _rounds: dict[ProcessGroup, int] = weakref.WeakKeyDictionary()
 _orphans: list[Any] = []
@@ -102,7 +104,8 @@ def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait
     done: set[int] = set()
     while True:
         _poll(reqs, done, deadline)
-        stale = [i for i in done if inbox[peers[i], 0] != rnd]  # from a round that failed
+        # from a round that failed, or a peer's word on an earlier verdict
+        stale = [i for i in done if inbox[peers[i], 0] != rnd or inbox[peers[i], 1] != 0]
         if not stale:
             break
         for i in stale:
@@ -117,6 +120,7 @@ def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait
     sent: set[int] = set()
     _poll(answers, sent, time.monotonic() + min(limit, 1.0))
     _drop(answers, sent, sends=True, buf=verdict)
+    gave_up = _gave_up(comm, pg, [peers[i] for i in sorted(done)], rnd, limit)
     if missing:
         shown = missing if wait_all else missing[:1]
         who = ", ".join(map(str, shown))
@@ -124,6 +128,43 @@ def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait
             call, f"rank{'s' if len(shown) > 1 else ''} {who} did not reach monitored_barrier "
             f"within {limit:g} s (group {pg.group_name!r}, global ranks {list(pg.ranks)})"
         )
+    if gave_up:
+        raise errors.runtime_error(
+            call, f"this rank (group rank 0, which monitors the barrier) came late: rank(s) "
+            f"{', '.join(map(str, gave_up))} gave up waiting for it within {limit:g} s "
+            f"(group {pg.group_name!r}, global ranks {list(pg.ranks)})"
+        )
+
+
+def _gave_up(comm: MPI.Intracomm, pg: ProcessGroup, peers: list[int], rnd: int, limit: float) -> list[int]:
+    """The global ranks among ``peers`` that gave up on rank 0 before its verdict reached them.
+
+    Every peer that arrived says, after the verdict, whether it heard it; a peer's own wait
+    is bounded, so its word comes within that bound.
+    """
+    word = np.zeros((pg._size, 2), np.int64)
+    reqs = [comm.Irecv([word[r], MPI.INT64_T], r, ARRIVE) for r in peers]
+    done: set[int] = set()
+    deadline = time.monotonic() + limit + max(1.0, 0.1 * limit)
+    while True:
+        _poll(reqs, done, deadline)
+        stale = [i for i in done if word[peers[i], 0] != rnd or word[peers[i], 1] == 0]
+        if not stale:
+            break
+        for i in stale:
+            done.discard(i)
+            reqs[i] = comm.Irecv([word[peers[i]], MPI.INT64_T], peers[i], ARRIVE)
+    _drop(reqs, done, sends=False)
+    return [pg.ranks[r] for i, r in enumerate(peers) if i not in done or word[r, 1] == _GAVE_UP]
+
+
+def _tell_monitor(comm: MPI.Intracomm, rnd: int, what: int) -> None:
+    """Tell rank 0 whether this rank heard round ``rnd``'s verdict (bounded; never blocks for long)."""
+    buf = np.array([rnd, what], np.int64)
+    reqs = [comm.Isend([buf, MPI.INT64_T], 0, ARRIVE)]
+    done: set[int] = set()
+    _poll(reqs, done, time.monotonic() + 1.0)
+    _drop(reqs, done, sends=True, buf=buf)
 
 
 def _arrive(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, call: Any) -> None:
@@ -141,14 +182,21 @@ def _arrive(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, call:
             continue
         break
     if 1 not in done:
-        _drop(reqs[1:], set(), sends=False)
+        status = MPI.Status()
+        reqs[1].Cancel()
+        reqs[1].Wait(status)
+        if not status.Is_cancelled() and verdict[0] == rnd:
+            done.add(1)  # the verdict came as this rank gave up: it counts
+    if 1 not in done:
         _drop(reqs[:1], {0} & done, sends=True, buf=arrival)
+        _tell_monitor(comm, rnd, _GAVE_UP)  # so that rank 0, arriving late, raises too
         raise errors.runtime_error(
             call, f"rank {pg.ranks[0]} (group rank 0, which monitors the barrier) did not answer "
             f"within {limit:g} s (group {pg.group_name!r})"
         )
     if 0 not in done:
         reqs[0].Wait()
+    _tell_monitor(comm, rnd, _HEARD)
     if verdict[1] != _PASS:
         missing = [pg.ranks[r] for r in np.flatnonzero(verdict[2:])]
         raise errors.runtime_error(

@@ -19,17 +19,22 @@ _original_factory: Callable[..., logging.LogRecord] | None = None
 def setup_for_distributed(is_master: bool) -> None:
     """Make ``print`` write only when ``is_master`` or when called with ``force=True``.
 
-    Calling it again replaces the previous setting; :func:`restore` brings back the
-    original ``print``.
+    Each call reaches the stream as one write, so whole lines of different ranks never
+    interleave mid-line, even unbuffered. Calling it again replaces the previous setting;
+    :func:`restore` brings back the original ``print``.
     """
     global _original_print
     if _original_print is None:
         _original_print = builtins.print
     real = _original_print
 
-    def print(*args: Any, force: bool = False, **kwargs: Any) -> None:  # noqa: A001
+    def print(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any = None,  # noqa: A001
+              flush: bool = False, force: bool = False) -> None:
         if is_master or force:
-            real(*args, **kwargs)
+            # one write per call: unbuffered (python -u), print writes each piece on its own
+            # and lines of different ranks interleave mid-line
+            text = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
+            real(text, end="", file=file, flush=flush)
 
     builtins.print = print
 

@@ -499,6 +499,25 @@ def test_mismatched_aggs_and_merge_args(dist, rank):
                        lambda: gb.aggregate(k, v, ["sum"], root=1 if rank == 1 else 0))
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("odd", ["root", "shuffle", "gather"])
+@pytest.mark.parametrize("odd_rank", ["first", "last"])
+def test_merge_none_on_some_ranks_raises_everywhere(dist, rank, size, odd, odd_rank):
+    """"none" on some ranks and another mode on the rest: every rank raises (it once hung)."""
+    import mpidist.groupby as gb
+
+    k, v = np.arange(5) % 3, np.ones(5)
+    who = 0 if odd_rank == "first" else size - 1
+    merge = odd if rank == who else "none"
+    _raises_everywhere(dist, ValueError, ["merge=", "'none'", repr(odd), "every rank must pass the same"],
+                       lambda: gb.aggregate(k, v, ["sum"], merge=merge))
+    # the group still works, and "none" alone still gives each rank its local result
+    local = gb.aggregate(k, v, ["sum"], merge="none")
+    np.testing.assert_array_equal(local[("value", "sum")], [2.0, 2.0, 1.0])
+    frames = gathered(dist, rank)
+    assert frames == list(range(size))
+
+
 # ---------------------------------------------------------------------------- property test
 
 @pytest.mark.mpi

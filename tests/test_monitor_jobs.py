@@ -44,7 +44,8 @@ BARRIER = """
 
 
 @pytest.mark.parametrize("n,late,mode", [(2, [1], "absent"), (3, [2], "absent"), (4, [1], "sleep"),
-                                         (3, [0], "sleep"), (4, [2, 3], "all")])
+                                         (2, [0], "sleep"), (3, [0], "sleep"), (4, [0], "sleep"),
+                                         (4, [2, 3], "all")])
 def test_missing_or_late_rank_is_named_on_every_rank(tmp_path, n, late, mode):
     script = tmp_path / "job.py"
     script.write_text("import sys, time\nimport mpidist as dist\n" + textwrap.dedent(BARRIER))
@@ -57,8 +58,11 @@ def test_missing_or_late_rank_is_named_on_every_rank(tmp_path, n, late, mode):
         if r in late and mode == "absent":
             assert msg == "skipped"
             continue
-        if 0 in late and r == 0:
-            continue  # the monitor itself came late: it may find everyone there (documented)
+        if 0 in late and r == 0:  # the monitor itself came late: the others gave up, so it raises too
+            others = ", ".join(str(x) for x in range(1, n))
+            assert msg.startswith("RuntimeError"), (r, msg)
+            assert f"came late: rank(s) {others} gave up waiting for it" in msg, msg
+            continue
         assert msg.startswith("RuntimeError"), (r, msg)
         waited = float(msg.split()[1])
         if 0 in late:  # the others give up on the monitor and say so

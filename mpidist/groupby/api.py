@@ -8,7 +8,7 @@ with a NaN key, number the local groups, build per-group partial states. Then:
              which merges it; every key ends on exactly one rank.
 ``gather``   finish the local result, ``MPI_Gatherv`` it to ``root`` and concatenate
              (optionally sorted and limited there), without merging.
-``none``     finish the local result; no communication at all.
+``none``     finish the local result; only the schema agreement communicates.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .. import errors
 from ..groups import ProcessGroup, resolve
 from . import exchange, hashing, schema, states
-from .columns import KEY_KINDS, MERGES, VALUE_KINDS, Call, InputError, parse, valid_key_rows
+from .columns import MERGES, Call, InputError, parse, valid_key_rows
 from .factorize import group_ids
 from .result import GroupByResult, Name
 
@@ -56,10 +55,6 @@ def _sort_names(sort_by: Any) -> list[Name]:
     if isinstance(sort_by, (str, tuple)):
         return [sort_by]
     return list(sort_by)
-
-
-def _raise_local(name: str, err: InputError) -> None:
-    raise (errors.type_error if err.kind == "type" else errors.value_error)(name, err.text)
 
 
 class _Layout:
@@ -118,22 +113,16 @@ def run(name: str, call: Call, merge: str = "root", root: int = 0, group: Any = 
     """``aggregate`` on already parsed arguments (also the pandas front's entry point)."""
     pg = resolve(group, name)
     _check_options(call, pg, merge, root, sort_by, limit)
-    if merge == "none":
-        if call.error is not None:
-            _raise_local(name, call.error)
-        # only an empty column can have another dtype (see columns.parse); give it a numeric one
-        f64 = np.dtype(np.float64)
-        schema.conform(call, [c.dtype if c.dtype.kind in KEY_KINDS else f64 for c in call.keys],
-                       [c.dtype if c.dtype.kind in VALUE_KINDS else f64 for c in call.values])
-        layout = _Layout(call, dict(zip(call.value_names, (c.dtype for c in call.values))))
-        return _order(layout.finish(*_local_states(call, layout)), sort_by, ascending, limit)
-
-    extra = (merge, int(root), _sort_names(sort_by), bool(ascending), limit)
+    # every mode agrees first, "none" too: a rank that skipped it while another passed a
+    # different merge would leave that rank waiting for it
+    extra = (merge, int(root) if call.error is None else root, _sort_names(sort_by), bool(ascending), limit)
     key_dtypes, value_dtypes = schema.agree(pg, call, extra, name, _EXTRA_NAMES)
     schema.conform(call, key_dtypes, value_dtypes)
     layout = _Layout(call, dict(zip(call.value_names, value_dtypes)))
     comm, size = pg.comm, pg.size()
     keys, st = _local_states(call, layout)
+    if merge == "none":
+        return _order(layout.finish(keys, st), sort_by, ascending, limit)
 
     if merge == "gather":
         mine = _order(layout.finish(keys, st), sort_by, ascending, limit)  # top-N per rank is enough
@@ -186,7 +175,7 @@ def aggregate(keys: Any, values: Any, aggs: Any = ("sum",), *, merge: str = "roo
         holds the whole result. ``"gather"``: each rank's local result goes to ``root``
         unmerged (``MPI_Gatherv``) and is concatenated in rank order, then sorted and
         limited by ``sort_by``/``limit`` there; a key may repeat. ``"none"``: each rank
-        returns its own local result, with no communication at all; this is the global
+        returns its own local result (only the schema check communicates); this is the global
         answer only when the rows are already partitioned by key (no key on two ranks),
         e.g. after :func:`partition_by_key`.
     root : int
@@ -213,8 +202,8 @@ def aggregate(keys: Any, values: Any, aggs: Any = ("sum",), *, merge: str = "roo
         On every rank of the group, naming the rank and the column, when any rank's
         input is bad (unknown agg, ragged columns, unsupported dtype) or the ranks
         disagree (column names, dtypes, aggs, merge, root). One small
-        ``MPI_Allgather`` of a schema runs first, so no rank is left waiting. With
-        ``merge="none"`` the check is local only.
+        ``MPI_Allgather`` of a schema runs first in every mode, ``"none"`` included, so no
+        rank is left waiting.
 
     Example
     -------

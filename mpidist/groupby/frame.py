@@ -116,7 +116,7 @@ def aggregate_frame(df: Any, by: Any, aggs: Any, *, merge: str = "root", root: i
         results, as in ``aggregate``. ``sort_by`` takes key labels or ``(column, agg)``.
 
     Becomes one ``MPI_Allgather`` of the schema, then ``MPI_Gatherv`` or ``MPI_Alltoallv``
-    of partial states (no communication with ``merge="none"``).
+    of partial states (with ``merge="none"`` only the schema).
     """
     call: Call
     by_list: list = []

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.autograd.profiler as _profiler
 import torch.distributed as tdist
 
 from .. import collectives, errors, exchange, failure, groups, p2p
@@ -27,7 +28,7 @@ from .. import world as mworld
 from ..groups import ProcessGroup as MpiGroup
 from ..ops import ReduceOp, make_premul_sum
 from ..waiting import seconds
-from . import overlap
+from . import overlap, profiling
 from . import work as twork
 
 #: Backend name for ``init_process_group``.
@@ -106,6 +107,9 @@ class MpidistProcessGroup(tdist.ProcessGroup):
     def _run(self, call: str, opts: Any, nbytes: Callable[[], int], value: Any, fn: Callable[..., Any],
              args: Sequence[tuple], **kw: Any) -> twork.Work:
         """``fn(*a, group=..., **kw)`` for each ``a`` in ``args``: blocking, or nonblocking with a future."""
+        # torch's own fast flag: with the profiler off this is the whole cost (no extra call)
+        if _profiler._is_profiler_enabled and profiling.outside_record():
+            return profiling.recorded(call, self, args, self._run, (call, opts, nbytes, value, fn, args), kw)
         g = self.mpi_group
         limit = self._sync_limit
         if not getattr(opts, "asyncOp", True) or (limit and nbytes() <= limit):
@@ -142,7 +146,17 @@ class MpidistProcessGroup(tdist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> twork.Work:
-        return self.allgather(output_lists, input_list, opts)
+        """torch passes ``output_lists[rank][k]`` (rank-major); :meth:`allgather` takes ``[k][rank]``."""
+        n = self.size()
+        if len(output_lists) != n or any(len(row) != len(input_list) for row in output_lists):
+            raise errors.value_error(
+                "all_gather_coalesced", f"output_tensor_lists must hold {n} lists (one per rank) of "
+                f"{len(input_list)} tensors (one per input); got lengths {[len(r) for r in output_lists]} "
+                f"on rank {self.rank()}")
+        by_input = [[output_lists[r][k] for r in range(n)] for k in range(len(input_list))]
+        opts = opts or tdist.AllgatherOptions()
+        return self._run("allgather_coalesced", opts, lambda: _nbytes(input_list) * n, output_lists,
+                         exchange.all_gather, list(zip(by_input, input_list)))
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                         opts: Any = None) -> twork.Work:
@@ -231,17 +245,20 @@ class MpidistProcessGroup(tdist.ProcessGroup):
     # point to point: always nonblocking (a blocking send could deadlock a paired exchange)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> twork.Work:
         g = self.mpi_group
-        works = [p2p.isend(t, group=g, tag=tag, group_dst=dst) for t in tensors]
+        with profiling.maybe("send", self, tensors):
+            works = [p2p.isend(t, group=g, tag=tag, group_dst=dst) for t in tensors]
         return twork.pending(works, tensors, "send", self._timeout)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> twork.Work:
         g = self.mpi_group
-        works = [p2p.irecv(t, group=g, tag=tag, group_src=src) for t in tensors]
+        with profiling.maybe("recv", self, tensors):
+            works = [p2p.irecv(t, group=g, tag=tag, group_src=src) for t in tensors]
         return twork.pending(works, tensors, "recv", self._timeout, source=lambda: src)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> twork.Work:
         g = self.mpi_group
-        works = [p2p.irecv(t, group=g, tag=tag) for t in tensors]
+        with profiling.maybe("recv_anysource", self, tensors):
+            works = [p2p.irecv(t, group=g, tag=tag) for t in tensors]
         return twork.pending(works, tensors, "recv", self._timeout,
                              source=lambda: works[0].source_rank())
 
