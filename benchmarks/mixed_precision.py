@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite.timing import interleave, paired_ratio, python_loop, summary  # noqa: E402
 
 import mpidist as dist  # noqa: E402
-from mpidist import lowprec  # noqa: E402
+from mpidist import lowprec, words  # noqa: E402
 from mpidist.buffers import as_buffer  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def parse_size(text: str) -> int:
 def make_array(dtype: str, count: int) -> np.ndarray:
     # zeros: repeated in-place sums stay finite (random data overflows float16 after a few reps)
     if dtype == "bfloat16":
-        return np.zeros(count, np.uint16).view(lowprec._bf16_dtype() or np.uint16)
+        return np.zeros(count, np.uint16).view(words.bf16_dtype() or np.uint16)
     return np.zeros(count, dtype)
 
 
@@ -71,20 +71,20 @@ def allreduce_wide(comm: MPI.Comm, words: np.ndarray, red: lowprec.Reduction) ->
 def forced(comm: MPI.Comm, words: np.ndarray, how: str):
     """A loop body running one of lowprec's means on float16 words, whatever it would choose."""
     red = lowprec.Reduction("f16", np.add, False)
-    saved = (lowprec._gather_all, lowprec._kernel)
+    saved = (lowprec._gather_all, words._kernel)
 
     def run() -> None:
         if how == "wide":
             allreduce_wide(comm, words, red)
             return
         if how == "numpy":
-            lowprec._kernel = None
+            words._kernel = None
         else:
             lowprec._gather_all = lambda n, size: how == "gather"
         try:
             lowprec.allreduce(comm, words, red)
         finally:
-            lowprec._gather_all, lowprec._kernel = saved
+            lowprec._gather_all, words._kernel = saved
     return run
 
 

@@ -74,7 +74,7 @@ def lowprec_job(args: argparse.Namespace) -> int:
     import numpy as np
 
     import mpidist
-    from mpidist import lowprec
+    from mpidist import words
 
     mpidist.init_process_group("mpi")
     from mpi4py import MPI
@@ -84,7 +84,7 @@ def lowprec_job(args: argparse.Namespace) -> int:
     ctl = MPI.COMM_WORLD.Dup()
     rank, size = ctl.Get_rank(), ctl.Get_size()
     torch, td, why = start_gloo(ctl, rank, size)
-    bf16 = lowprec._bf16_dtype()
+    bf16 = words.bf16_dtype()
     results = []
     for nbytes in parse_sizes(args.sizes):
         loops = {}

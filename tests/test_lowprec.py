@@ -17,6 +17,7 @@ import pytest
 from helpers import rank_data
 
 from mpidist import lowprec
+from mpidist import words as arithmetic
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 torch = pytest.importorskip("torch")
@@ -90,7 +91,7 @@ def algo(request, monkeypatch):
 @pytest.mark.parametrize("kind", ["f16", "bf16"])
 @pytest.mark.parametrize("use_torch", [False, True])
 def test_widen_is_exact_and_narrow_round_trips_every_word(kind, use_torch, monkeypatch):
-    monkeypatch.setattr(lowprec, "TORCH_MIN", 1 if use_torch else 1 << 62)
+    monkeypatch.setattr(arithmetic, "TORCH_MIN", 1 if use_torch else 1 << 62)
     words = np.arange(1 << 16, dtype=np.uint16)
     dt = np.float16 if kind == "f16" else ml_dtypes.bfloat16
     wide = lowprec.widen(words, kind, np.empty(words.size, np.float32))
@@ -105,7 +106,7 @@ def test_widen_is_exact_and_narrow_round_trips_every_word(kind, use_torch, monke
 @pytest.mark.parametrize("kind", ["f16", "bf16"])
 @pytest.mark.parametrize("use_torch", [False, True])
 def test_narrow_rounds_to_nearest_even(kind, use_torch, monkeypatch):
-    monkeypatch.setattr(lowprec, "TORCH_MIN", 1 if use_torch else 1 << 62)
+    monkeypatch.setattr(arithmetic, "TORCH_MIN", 1 if use_torch else 1 << 62)
     rng = np.random.default_rng(5)
     v = (rng.standard_normal(20000) * 10.0 ** rng.integers(-6, 5, 20000)).astype(np.float32)
     v[:4] = [np.inf, -np.inf, 1e6, 0.0]

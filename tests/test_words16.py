@@ -15,6 +15,7 @@ import pytest
 from helpers import gathered
 
 from mpidist import lowprec
+from mpidist import words as arithmetic
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -85,7 +86,7 @@ def means(request, monkeypatch):
         if lowprec.kernel("f16") is None:
             pytest.skip("the C kernel is not built (python setup.py build_ext --inplace)")
     else:
-        monkeypatch.setattr(lowprec, "_kernel", None)
+        monkeypatch.setattr(arithmetic, "_kernel", None)
     return request.param
 
 
@@ -109,7 +110,7 @@ def test_kernel_casts_every_word_exactly():
         if lowprec.kernel(kind) is None:
             continue
         wide = np.empty(words.size, np.float32)
-        k.widen(words, wide, lowprec._KIND[kind])
+        k.widen(words, wide, arithmetic._KIND[kind])
         expect = words.view(DT[kind]).astype(np.float32)
         nan = np.isnan(expect)
         np.testing.assert_array_equal(wide.view(np.uint32)[~nan], expect.view(np.uint32)[~nan])
@@ -120,7 +121,7 @@ def test_kernel_casts_every_word_exactly():
                                wide.view(np.uint32) + 0x8000])  # ties and near-ties
         vals = bits.view(np.float32)
         got = np.empty(vals.size, np.uint16)
-        k.narrow(vals, got, lowprec._KIND[kind])
+        k.narrow(vals, got, arithmetic._KIND[kind])
         with np.errstate(all="ignore"):
             assert_words_equal(got, vals.astype(DT[kind]).view(np.uint16), kind)
 
@@ -135,7 +136,7 @@ def test_reduce_rows_both_means_match_numpy(kind, op, k, monkeypatch):
     want = reference(rows, kind, op, k)
     if lowprec.kernel(kind) is not None:
         assert_words_equal(lowprec.reduce_rows(rows, red, k, np.empty(m, np.uint16)), want, kind)
-    monkeypatch.setattr(lowprec, "_kernel", None)
+    monkeypatch.setattr(arithmetic, "_kernel", None)
     assert_words_equal(lowprec.reduce_rows(rows, red, k, np.empty(m, np.uint16)), want, kind)
 
 
