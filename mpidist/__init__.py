@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+# isort: off
+from . import startup as _startup  # first: it bounds MPI_Init, which the next import runs
 from . import mpi_library as _mpi_library  # noqa: F401  (loads mpi4py.MPI, or says why it cannot)
-from . import startup as _startup  # bounds MPI_Init, which the imports below run
 from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
+# isort: on
 from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
 from .data import DistributedSampler
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env

@@ -43,10 +43,17 @@ def stall_warn_s() -> float:
 
 
 def _mpidist_frames(frame: FrameType | None) -> list[FrameType]:
-    """The mpidist frames at the top of a stack, innermost first (empty if not inside mpidist)."""
+    """The frames of the mpidist call a stack is in, innermost first (empty if in none).
+
+    Up to the outermost declared call (whose body may sit in mpi4py, as the object calls do),
+    else the run of mpidist frames at the top of the stack.
+    """
+    found = calls.outermost_call(frame)
     out = []
-    while frame is not None and frame.f_code.co_filename.startswith(_PKG):
+    while frame is not None and (found is not None or frame.f_code.co_filename.startswith(_PKG)):
         out.append(frame)
+        if found is not None and frame is found[1]:
+            break
         frame = frame.f_back
     return out
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import sys
 import time
 
@@ -52,7 +51,7 @@ def _watch(read_end: int, parent: int, limit: float) -> None:
         return
     rank = next((os.environ[v] for v in _RANK_VARS if v in os.environ), "?")
     os.write(2, (
-        f"mpidist: MPI_Init has not returned after {limit:g} s on {socket.gethostname()} "
+        f"mpidist: MPI_Init has not returned after {limit:g} s on {os.uname().nodename} "
         f"(launcher rank {rank}, pid {parent}). MPI_Init waits for every process of the job: one "
         "has not started MPI. Look for its error (an ImportError, or a missing python or "
         "virtualenv on its node) or for a node the launcher could not start. Ending this "

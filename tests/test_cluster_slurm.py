@@ -87,9 +87,9 @@ def test_train_on_two_nodes_as_on_one(slurm):
     args = ("--epochs", str(EPOCHS), "--no-progress")
     two = submit(slurm, script, *args, options=("-N", "2", "--ntasks=4", "--ntasks-per-node=2"))
     assert "4 tasks on node[0-1]" in two, two
-    assert "4 rank(s) on 2 node(s)" in two, two
+    assert "4 ranks on 2 nodes" in two, two
     one = submit(slurm, script, *args, options=("-N", "1", "--ntasks=4", "-w", "node0"))
-    assert "4 rank(s) on 1 node(s)" in one, one
+    assert "4 ranks on 1 node" in one, one
     (acc2, sha2), (acc1, sha1) = final(two), final(one)
     assert float(acc2) >= MIN_ACCURACY
     assert acc2 == acc1, (two, one)

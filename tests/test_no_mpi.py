@@ -240,7 +240,9 @@ def test_open_mpi_launcher_starting_mpich(venv, two_mpis):
     mpich, openmpi = two_mpis
     job = [
         "-n", "2", "env", f"MPI4PY_LIBMPI={LIBMPI}", str(venv / "bin" / "python"), "-c",
-        "import mpidist as d; d.init_process_group('mpi'); print('world', d.get_world_size(), d.get_rank())",
+        # one write per line: under PYTHONUNBUFFERED a print of several arguments is several writes
+        "import sys, mpidist as d; d.init_process_group('mpi'); "
+        "sys.stdout.write(f'world {d.get_world_size()} {d.get_rank()}\\n')",
     ]
     r = _run([str(openmpi / "bin" / "mpiexec"), *job], 120, _clean_env(_OPENMPI_ENV), ROOT)
     out = r.stdout + r.stderr

@@ -161,7 +161,13 @@ def finals(r: subprocess.CompletedProcess) -> dict[str, str]:
 
 
 def torchrun(script: str, *args: str, n: int = 4) -> dict[str, str]:
-    return finals(python([*TORCHRUN, str(n), script, *args], timeout=300))
+    """The reference: the script under torchrun with torch's own gloo."""
+    r = python([*TORCHRUN, str(n), script, *args], timeout=300)
+    if r.returncode != 0 and "Signal 6 (SIGABRT)" in r.stderr:
+        # seen once on a loaded 2-core machine: a gloo worker died in std::terminate; the
+        # reference is torch's, not ours, so it gets a second try
+        r = python([*TORCHRUN, str(n), script, *args], timeout=300)
+    return finals(r)
 
 
 @pytest.fixture(scope="module")
