@@ -153,7 +153,7 @@ def main() -> int:
     slurm_dir = tempfile.mkdtemp(prefix="mpidist-slurm-")
     runs: list[tuple] = []
     if not a.no_serial:
-        runs.append(("serial", [py, "-m", "pytest", "--durations=5", *base], 1,
+        runs.append(("serial", [py, "-m", "pytest", "--durations=15", *base], 1,
                      {**setup_slurm(a.slurm, slurm_dir), **setup_cluster(a.cluster)}))
     for n in sizes:
         runs.append((f"mpiexec -n {n}", [mpiexec_path(), "-n", str(n), py, "-m", "pytest",
