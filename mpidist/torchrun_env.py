@@ -158,8 +158,9 @@ def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool) -> t
         try:
             addr, port = given
             if not port:
+                # no SO_REUSEADDR: the kernel then picks a port no socket holds, not even one in
+                # TIME_WAIT, where the store's own bind would fail with EADDRINUSE
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind(("127.0.0.1" if single_node else "", 0))
                 listener.listen(socket.SOMAXCONN)  # probes queue up unaccepted
                 port = str(listener.getsockname()[1])

@@ -169,7 +169,7 @@ def torchrun(script: str, *args: str, n: int = 4) -> dict[str, str]:
     return finals(python([*TORCHRUN, str(n), script, *args], {"GLOO_SOCKET_IFNAME": "lo"}, timeout=300))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one torchrun reference for this file and test_slurm_run.py
 def torchrun_results():
     return {"torchrun_style": torchrun(TORCHRUN_STYLE, "--epochs", "2"),
             "detr_style": torchrun(DETR_STYLE, "--epochs", "2")}
