@@ -14,6 +14,7 @@ rank checked that its parameters equal rank 0's.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 
@@ -77,6 +78,8 @@ def main() -> None:
         print(f"final: world_size={world_size} local_rank0={local_rank} backend={dist.get_backend()} "
               f"test_loss={sums[0] / sums[2]:.6f} test_accuracy={sums[1] / sums[2]:.4f} "
               f"params_sha256={every[0]}", flush=True)
+    del model, opt  # DDP holds the group: free it first (see examples/detr_style/main.py)
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -163,8 +163,9 @@ def finals(r: subprocess.CompletedProcess) -> dict[str, str]:
 def torchrun(script: str, *args: str, n: int = 4) -> dict[str, str]:
     """The reference: the script under torchrun with torch's own gloo, on the loopback interface.
 
-    With another interface up (a simulated cluster's bridge, tests/cluster/), torch's gloo
-    workers died in std::terminate at exit (SIGABRT); pinning gloo to ``lo`` avoids that.
+    Pinned to ``lo`` so that another interface (a simulated cluster's bridge, tests/cluster/)
+    is never chosen. The examples free their DDP model before ``destroy_process_group``: a
+    gloo group left to interpreter exit aborted 1 run in 6 (see examples/detr_style/main.py).
     """
     return finals(python([*TORCHRUN, str(n), script, *args], {"GLOO_SOCKET_IFNAME": "lo"}, timeout=300))
 

@@ -16,6 +16,7 @@ after every rank checked that its parameters equal rank 0's.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 
@@ -139,6 +140,11 @@ def main(args) -> None:
     print(f"final: world_size={misc.get_world_size()} train_loss={train_stats['loss_ce']:.6f} "
           f"test_loss={test_stats['loss']:.6f} test_accuracy={test_stats['acc']:.4f} params_sha256={digest}")
     if args.distributed:
+        # DDP holds the process group (in reference cycles, hence the collect). Left to be freed
+        # at interpreter exit, torch's gloo aborted ("terminate called without an active
+        # exception") in 5 of 30 torchrun runs; freed here, in 0 of 30.
+        del model, model_without_ddp, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 
