@@ -78,9 +78,14 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         if p.average:
             divide(arr, d, pg._size)
         return None
-    comm = p.reducer(pg.comm)
+    comm = _reducer(p, pg, call)
     return issue(pg, call, async_op, comm.Allreduce, comm.Iallreduce, (IN_PLACE, [arr, d.mpi], p.op),
                  _average(p, arr, d, pg._size), tensor, staging, p.lowprec is not None)
+
+
+def _reducer(p: Plan, pg: ProcessGroup, call: Any) -> Any:
+    """The communicator, or for fp16/bf16 the 16-bit reductions, each step within the group's timeout."""
+    return p.reducer(pg.comm, lambda reqs, keep: wait(reqs, pg, call, keep))
 
 
 @define(fingerprint=agree(tensor=ARRAY, src=ROOT), gpu_direct=True)
@@ -124,7 +129,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", is_root, staging)
     p = plan(op, d, call)
-    comm = p.reducer(pg.comm)
+    comm = _reducer(p, pg, call)
     if is_root:
         if p.factor is not None:
             premultiply(arr, d, p.factor, out=arr)
@@ -147,7 +152,7 @@ def _reduce_scatter(pg: ProcessGroup, call: Any, out: np.ndarray, send: np.ndarr
         def copy_back() -> None:
             out[...] = recv
         post = then(copy_back, post)
-    comm = p.reducer(pg.comm)
+    comm = _reducer(p, pg, call)
     return issue(pg, call, async_op, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
                  ([send, d.mpi], [recv, d.mpi], p.op), post, output, staging, p.lowprec is not None)
 

@@ -85,9 +85,12 @@ class Plan(NamedTuple):
     factor: Any  # multiply inputs by this before the SUM (PREMUL_SUM), else None
     lowprec: lowprec.Reduction | None = None  # fp16/bf16: the whole reduction, done by lowprec
 
-    def reducer(self, comm: MPI.Comm) -> Any:
-        """What to call ``Allreduce``/``Reduce``/``Reduce_scatter_block`` (and ``I*``) on."""
-        return comm if self.lowprec is None else lowprec.Words16(comm, self.lowprec)
+    def reducer(self, comm: MPI.Comm, wait: lowprec.Wait) -> Any:
+        """What to call ``Allreduce``/``Reduce``/``Reduce_scatter_block`` (and ``I*``) on.
+
+        ``wait`` completes each step of a 16-bit reduction (the group's bounded wait).
+        """
+        return comm if self.lowprec is None else lowprec.Words16(comm, self.lowprec, wait)
 
 
 _BASE = {

@@ -1,7 +1,7 @@
 """all_reduce of sparse COO torch tensors, as gloo does it: gather every rank's entries, then sum.
 
 Each rank coalesces its tensor, the ranks exchange their number of entries and layout
-(``MPI_Allgather``), then every rank's indices and values (``MPI_Allgatherv`` twice); the
+(:func:`mpidist.objects.allgather`), then every rank's indices and values (``MPI_Allgatherv`` twice); the
 sum of all entries, coalesced, replaces the caller's tensor in place (``Tensor.copy_``), so
 every rank ends with the same coalesced tensor. Only ``SUM`` is defined for sparse tensors
 (as in gloo). Other collectives take dense tensors only and refuse sparse ones with a
@@ -10,14 +10,12 @@ every rank ends with the same coalesced tensor. Only ``SUM`` is defined for spar
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
-from . import errors, timeouts
+from . import errors, objects, timeouts
 from .buffers import as_buffer
 from .groups import resolve
 from .ops import ReduceOp
@@ -45,7 +43,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
                call: str = CALL) -> Work | None:
     """Sum a sparse COO ``tensor`` across the group; every rank gets the coalesced sum in place.
 
-    Becomes ``MPI_Allgather`` (entry counts and layout), then ``MPI_Allgatherv`` of the indices
+    Becomes an all-gather of entry counts and layouts (``MPI_Iallgather`` of their pickles'
+    sizes, ``MPI_Iallgatherv`` of the pickles), then ``MPI_Iallgatherv`` of the indices
     and of the values; the ranks' entries are added in rank order (as gloo adds them, so the
     result is bit for bit gloo's) and coalesced. ``async_op=True`` returns a
     finished :class:`~mpidist.work.Work` (the exchange itself runs blocking).
@@ -66,7 +65,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     indices = local.indices().contiguous()
     values = local.values().contiguous()
     meta = (local._nnz(), local.sparse_dim(), local.dense_dim(), tuple(local.shape), str(local.dtype))
-    metas = _allgather_meta(pg, call, meta)
+    metas = objects.allgather(pg, call, meta)
     if any(m[1:] != metas[pg._rank][1:] for m in metas):
         layouts = {r: f"shape {m[3]}, {m[4]}, sparse_dim {m[1]}, dense_dim {m[2]}"
                    for r, m in enumerate(metas)}
@@ -88,23 +87,6 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     with torch.no_grad():
         tensor.copy_(result.coalesce())
     return completed(call, tensor) if async_op else None
-
-
-_META_BYTES = 512
-
-
-def _allgather_meta(pg: Any, call: str, meta: tuple) -> list[tuple]:
-    """Every rank's ``meta`` (a short tuple), by ``MPI_Iallgather`` within the group's timeout."""
-    text = json.dumps(meta).encode()
-    if len(text) > _META_BYTES:
-        raise errors.value_error(call, f"a sparse tensor of {len(meta[3])} dimensions is not supported")
-    mine = np.zeros(_META_BYTES, np.uint8)
-    mine[:len(text)] = np.frombuffer(text, np.uint8)
-    every = np.zeros((pg._size, _META_BYTES), np.uint8)
-    pg.seq += 1
-    bufs = ([mine, MPI.BYTE], [every, MPI.BYTE])
-    timeouts.wait((pg.comm.Iallgather(*bufs),), pg, call, bufs)
-    return [tuple(json.loads(bytes(row).rstrip(b"\0"))) for row in every]
 
 
 def _allgatherv(pg: Any, call: str, local: Any, dtype: Any, sizes: list[int]) -> Any:

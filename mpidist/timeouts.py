@@ -15,16 +15,16 @@ call on the group, or that cannot be reached -- with their hosts. The group is t
 its communicator is set aside (an abandoned collective cannot be cancelled) and every later
 call on it raises at once. The world and other groups keep working.
 
-A rank that is not waiting in a bounded wait (a blocking object collective, or busy
-outside mpidist) answers no notice; the stall watch (:mod:`mpidist.stall`) is the fallback
-there, aborting the job past the timeout.
+A rank that is not waiting in a bounded wait (a 16-bit reduction's own sequence of MPI
+calls, or busy outside mpidist) answers no notice; the stall watch (:mod:`mpidist.stall`)
+is the fallback there, aborting the job past the timeout.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -70,6 +70,15 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     """
     if MPI.Request.Testall(reqs, statuses):
         return
+    until(lambda: MPI.Request.Testall(reqs, statuses), pg, call, (reqs, keep), timeout)
+
+
+def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = None,
+          timeout: float | None = None) -> None:
+    """Poll ``ready()`` until it is true, bounded as :func:`wait` (which it serves).
+
+    Also for what is not a request: a receive that must first probe for its message's size.
+    """
     limit = seconds(pg.timeout) if timeout is None else timeout
     start = time.monotonic()
     deadline = None if limit is None else start + limit
@@ -80,7 +89,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     tests = [0]
 
     def finished() -> bool:
-        if MPI.Request.Testall(reqs, statuses):
+        if ready():
             return True
         tests[0] += 1
         if tests[0] % 64 == 1 and comm.Iprobe(MPI.ANY_SOURCE, NOTICE):  # a peer gave up?
@@ -93,7 +102,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     if timeout is not None and not heard:
         raise errors.runtime_error(
             call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
-    _give_up(pg, call, reqs, keep, limit, time.monotonic() - start, heard)
+    _give_up(pg, call, keep, limit, time.monotonic() - start, heard)
 
 
 def _take_notices(comm: MPI.Intracomm, heard: dict[int, np.ndarray]) -> None:
@@ -105,8 +114,8 @@ def _take_notices(comm: MPI.Intracomm, heard: dict[int, np.ndarray]) -> None:
         heard[status.Get_source()] = msg
 
 
-def _give_up(pg: ProcessGroup, call: Any, reqs: Sequence[MPI.Request], keep: Any, limit: float | None,
-             waited: float, heard: dict[int, np.ndarray]) -> None:
+def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited: float,
+             heard: dict[int, np.ndarray]) -> None:
     comm = pg.comm
     me = pg._rank
     peers = [r for r in range(pg._size) if r != me]
@@ -118,7 +127,7 @@ def _give_up(pg: ProcessGroup, call: Any, reqs: Sequence[MPI.Request], keep: Any
     _collect(comm, heard, peers)
     for req in sends:
         req.Free()  # a peer that never listens never takes it: let MPI finish it alone
-    groups.break_group(pg, (reqs, keep, notice))
+    groups.break_group(pg, (keep, notice))
     text = _report(pg, call, limit, waited, heard, first)
     flight.dump(f"timeout: {text}")
     raise GroupTimeoutError(errors.message(call, text))

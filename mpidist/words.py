@@ -154,6 +154,11 @@ def reduce_rows(rows: np.ndarray, red: Reduction, size: int, out: np.ndarray) ->
 _local = threading.local()
 
 
+def drop_scratch() -> None:
+    """Let this thread's next call allocate new scratch words (a given-up call's MPI may still write)."""
+    _local.words = None
+
+
 def scratch(nwords: int) -> np.ndarray:
     """``nwords`` uint16 scratch words, reused by this thread's next call (page faults cost more)."""
     buf = getattr(_local, "words", None)

@@ -1,4 +1,5 @@
-"""Object collectives: all six calls, numpy arrays inside objects, a large pkl5 message, and errors."""
+"""Object collectives: all six calls, numpy arrays inside objects, large payloads (in 1 MiB units past
+MPI's int counts), and errors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from helpers import gathered, rank_data, still_works
 
 
 def obj_of(r: int):
-    """A rank's object: nested containers with numpy arrays (out-of-band buffers under pickle 5)."""
+    """A rank's object: nested containers with numpy arrays."""
     return {"rank": r, "name": f"r{r}", "arr": rank_data(r, (3, 2), np.float32),
             "nested": [(r, np.arange(r + 1, dtype=np.int64))], "none": None}
 
@@ -111,9 +112,8 @@ def test_object_calls_on_subgroup(dist, rank, size):
 
 
 @pytest.mark.mpi
-def test_large_object_pkl5(dist, rank, size):
-    # ~100 MB: pickle 5 moves the array out of band, in pkl5's multi-message path
-    n = 100 * 2**20
+def test_large_object(dist, rank, size):
+    n = 100 * 2**20  # ~100 MB
     src = size - 1
     payload = None
     if rank == src:
@@ -126,6 +126,52 @@ def test_large_object_pkl5(dist, rank, size):
           and big[-1] == (n - 1) % 256)
     del big, lst, payload
     assert all(gathered(dist, ok))
+
+
+@pytest.fixture(params=["copied", "in place"])
+def small_counts(request, monkeypatch):
+    """MPI's int limit as 3000 bytes and 256-byte units: the >2 GiB path, on small payloads.
+
+    "copied": messages go through one buffer; "in place": described by a datatype.
+    """
+    from mpidist import pickles
+    monkeypatch.setattr(pickles, "INT_MAX", 3000)
+    monkeypatch.setattr(pickles, "UNIT", 256)
+    monkeypatch.setattr(pickles, "COPY_BELOW", 1 << 20 if request.param == "copied" else 0)
+
+
+def sized(r: int, n: int) -> dict:
+    """An object whose pickle is about ``n`` bytes, different on every rank."""
+    return {"rank": r, "data": rank_data(r, (n // 8,), np.float64)}
+
+
+@pytest.mark.mpi
+def test_every_object_call_past_int_counts(dist, rank, size, small_counts):
+    """Pickles over the (lowered) int limit travel as padded units; every result is exact."""
+    objs = [sized(r, 1000 + 700 * r) for r in range(size)]  # uneven: padding differs per rank
+    got = [None] * size
+    dist.all_gather_object(got, objs[rank])
+    assert same(got, objs)
+    for root in range(size):
+        lst = [objs[root], rank] if rank == root else [None, None]
+        dist.broadcast_object_list(lst, src=root)
+        assert same(lst, [objs[root], root])
+        into = [None] * size if rank == root else None
+        dist.gather_object(objs[rank], into, dst=root)
+        if rank == root:
+            assert same(into, objs)
+        out = [None]
+        dist.scatter_object_list(out, [sized(root + r, 3100) for r in range(size)] if rank == root else None,
+                                 src=root)
+        assert same(out[0], sized(root + rank, 3100))
+    if size > 1:  # one message of 4 KB: units on the wire, the exact size back
+        if rank == 0:
+            dist.send_object_list([sized(7, 4000)], dst=size - 1)
+        elif rank == size - 1:
+            lst = [None]
+            assert dist.recv_object_list(lst) == 0
+            assert same(lst[0], sized(7, 4000))
+    still_works(dist, size)
 
 
 OBJ_ERRORS = {
@@ -169,4 +215,30 @@ def test_recv_object_list_length_mismatch(dist, rank, size):
         err = str(info.value)
     errs = gathered(dist, err)
     assert "rank 1 sent 3 objects" in errs[0]
+    still_works(dist, size)
+
+
+def odd_arrays(r: int) -> list:
+    """Arrays pickle hands out of band and in band: odd sizes, a strided view, empty, 0-d, records."""
+    base = rank_data(r, (7, 5), np.float64)
+    rec = np.zeros(3, dtype=[("a", np.int8), ("b", np.float64)])
+    rec["a"], rec["b"] = r, r / 3
+    return [rank_data(r, (13,), np.float32), base[:, 1::2], np.zeros(0), np.array(r + 0.5), rec,
+            bytearray(b"x" * (r + 1)), np.arange(r + 3, dtype=np.int16)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("copy_below", [0, 1 << 20])
+def test_arrays_arrive_whole_aligned_and_writable(dist, rank, size, copy_below, monkeypatch):
+    from mpidist import pickles
+    monkeypatch.setattr(pickles, "COPY_BELOW", copy_below)
+    got = [None] * size
+    dist.all_gather_object(got, odd_arrays(rank))
+    for r, objs in enumerate(got):
+        assert same(objs[:5] + objs[6:], (odd_arrays(r)[:5] + odd_arrays(r)[6:])), r
+        assert objs[5] == odd_arrays(r)[5]
+        for a in objs:
+            if isinstance(a, np.ndarray) and a.size:
+                assert a.flags.aligned and a.flags.writeable, (r, a.dtype)
+                a[...] = a  # writable views of the received message
     still_works(dist, size)

@@ -245,5 +245,5 @@ def test_no_mpidist_module_opens_sockets_or_unpickles_outside_mpi():
             continue
         for needle in ("import socket", "socketserver", "start_server", "http.server"):
             assert needle not in text, f"{path.name} uses {needle}: a rendezvous needs a per-job token"
-        if path.name != "objects.py":
+        if path.name != "pickles.py":  # the object calls' messages, from ranks of the same job
             assert "pickle.load" not in text, f"{path.name} unpickles data"

@@ -30,7 +30,8 @@ def _timed(fn):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("how", ["all_reduce", "broadcast", "barrier", "all_gather_into_tensor",
-                                 "async_all_reduce"])
+                                 "async_all_reduce", "fp16_all_reduce", "fp16_all_reduce_large",
+                                 "fp16_reduce_scatter"])
 def test_a_missing_rank_makes_every_waiting_rank_raise(dist, rank, size, how):
     g = _short_group(dist)
     late = size - 1
@@ -45,6 +46,12 @@ def test_a_missing_rank_makes_every_waiting_rank_raise(dist, rank, size, how):
             dist.barrier(group=g)
         elif how == "all_gather_into_tensor":
             dist.all_gather_into_tensor(np.zeros(4 * size), t, group=g)
+        elif how == "fp16_all_reduce":  # the 16-bit reductions' own steps are bounded too
+            dist.all_reduce(t.astype(np.float16), group=g)
+        elif how == "fp16_all_reduce_large":  # past the gather path: halves or slices
+            dist.all_reduce(np.ones(1 << 16, np.float16), group=g)
+        elif how == "fp16_reduce_scatter":
+            dist.reduce_scatter_tensor(np.zeros(4, np.float16), np.ones(4 * size, np.float16), group=g)
         else:
             dist.all_reduce(t, group=g, async_op=True).wait()
 
@@ -53,7 +60,9 @@ def test_a_missing_rank_makes_every_waiting_rank_raise(dist, rank, size, how):
         exc, took = _timed(call)
         assert isinstance(exc, dist.GroupTimeoutError), exc
         text = str(exc)
-        name = "all_reduce" if how == "async_all_reduce" else how
+        name = {"async_all_reduce": "all_reduce", "fp16_all_reduce": "all_reduce",
+                "fp16_all_reduce_large": "all_reduce", "fp16_reduce_scatter": "reduce_scatter_tensor"
+                }.get(how, how)
         assert text.startswith(f"{name}: rank {rank}: ")
         assert f"{name} #1 on group {g.group_name!r}" in text
         assert " Timed out " in text or text.count("Timed out") == 1
@@ -67,6 +76,35 @@ def test_a_missing_rank_makes_every_waiting_rank_raise(dist, rank, size, how):
     # every waiting rank raised, and each names the same missing rank
     assert all(f"not heard from rank {late} (" in r for r in reports[:late])
     still_works(dist, size)  # the world and other groups keep working
+
+
+OBJECT_CALLS = {
+    "all_gather_object": lambda d, g, late, n: d.all_gather_object([None] * n, {"a": 1}, group=g),
+    "broadcast_object_list": lambda d, g, late, n: d.broadcast_object_list([None], src=late, group=g),
+    "gather_object": lambda d, g, late, n: d.gather_object(1, [None] * n if d.get_rank() == 0 else None,
+                                                           dst=0, group=g),
+    "scatter_object_list": lambda d, g, late, n: d.scatter_object_list([None], None, src=late, group=g),
+    "recv_object_list": lambda d, g, late, n: d.recv_object_list([None], src=late, group=g),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", sorted(OBJECT_CALLS))
+def test_object_calls_raise_past_the_group_timeout(dist, rank, size, how):
+    """Pickles travel by nonblocking MPI calls too: a missing rank makes every waiting rank raise."""
+    g = _short_group(dist)
+    late = size - 1
+    report = None
+    if rank != late and (how != "recv_object_list" or rank == 0):
+        exc, took = _timed(lambda: OBJECT_CALLS[how](dist, g, late, size))
+        assert isinstance(exc, dist.GroupTimeoutError), exc
+        assert str(exc).startswith(f"{how}: rank {rank}: ") and f"{how} #1 on group" in str(exc)
+        assert LIMIT - 0.1 <= took < END_BY, took
+        report = str(exc)
+    reports = gathered(dist, report)
+    if how != "recv_object_list":  # every waiting rank names the missing one
+        assert all(f"not heard from rank {late} (" in r for r in reports[:late]), reports
+    still_works(dist, size)
 
 
 @pytest.mark.mpi(min_size=2)
