@@ -11,6 +11,7 @@ bytes. Objects only ever arrive over MPI from ranks of the same job; nothing her
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,8 @@ from .fingerprint import LENGTH, ROOT, agree
 from .groups import ProcessGroup, group_rank_of, resolve
 from .issue import displacements
 from .p2p import peer_rank
-from .pickles import Pickled, datatypes, load, receive_type, unit_for, units
-from .tags import OBJECTS, mpi_tag
+from .pickles import APART, Pickled, datatype, load, pieces, read_head, unit_for, units
+from .tags import MAX_TAG, OBJECTS, mpi_tag
 from .timeouts import until, wait
 
 
@@ -35,57 +36,94 @@ def _start(pg: ProcessGroup) -> MPI.Intracomm:
     return pg.comm
 
 
-def _sizes(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, nbytes: int) -> list[int]:
-    """Every rank's pickle size (``MPI_Iallgather``)."""
-    sizes = np.zeros(pg._size, np.int64)
-    bufs = ([np.array([nbytes], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])
+#: The first exchange of every call carries a slot of this many bytes per rank: the head's
+#: size, and the head itself when it fits (:data:`FITS` bytes), so that a small object takes
+#: one collective, not two.
+SLOT = 512
+_AT = 64  # where the head starts in a slot (ALIGN: arrays in it stay aligned)
+FITS = SLOT - _AT
+
+
+def _slot(mine: Pickled | None) -> np.ndarray:
+    slot = np.empty(SLOT, np.uint8)
+    slot[:8].view(np.int64)[0] = 0 if mine is None else mine.nbytes
+    if mine is not None and mine.nbytes <= FITS:
+        mine.copy_into(slot[_AT:])
+    return slot
+
+
+def _slots(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, mine: Pickled) -> tuple[np.ndarray, list[int]]:
+    """Every rank's slot (``MPI_Iallgather``), and every rank's head size."""
+    every = np.empty((pg._size, SLOT), np.uint8)
+    bufs = ([_slot(mine), MPI.BYTE], [every, MPI.BYTE])
     wait((comm.Iallgather(*bufs),), pg, call, bufs)
-    return sizes.tolist()
+    return every, every[:, :8].copy().view(np.int64).ravel().tolist()
+
+
+def _exchange(pg: ProcessGroup, call: Any, obj: Any, root: int | None) -> list[Any] | None:
+    """Every rank's ``obj``, on every rank (``root=None``) or on ``root`` (else ``None``).
+
+    One ``MPI_Iallgather`` of the slots; if a head did not fit in its slot, then
+    ``MPI_Iallgatherv`` (``MPI_Igatherv`` to ``root``) of every head.
+    """
+    comm = _start(pg)
+    mine = Pickled(obj)
+    every, sizes = _slots(pg, call, comm, mine)
+    if max(sizes) <= FITS:
+        return [load(every[r], _AT) for r in range(pg._size)] if root in (None, pg._rank) else None
+    whole, offsets = _gatherv(pg, call, comm, mine, sizes, root)
+    return [load(whole, off) for off in offsets] if root in (None, pg._rank) else None
 
 
 def _gatherv(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, mine: Pickled,
              sizes: list[int], root: int | None) -> tuple[np.ndarray, list[int]]:
-    """Every rank's message back to back (``MPI_Iallgatherv``, or ``MPI_Igatherv`` to ``root``),
+    """Every rank's head back to back (``MPI_Iallgatherv``, or ``MPI_Igatherv`` to ``root``),
     and where each starts. Off the root the bytes are empty."""
     unit = unit_for(sum(sizes))
     counts = [units(s, unit) for s in sizes]
     offsets = [d * unit for d in displacements(counts)]
     here = root is None or pg._rank == root
     whole = np.empty(sum(counts) * unit if here else 0, np.uint8)
-    with datatypes() as keep:
-        dt = receive_type(unit, keep)
-        bufs = (mine.message(unit, keep), [whole, (counts, displacements(counts)), dt])
+    with datatype(unit) as dt:
+        bufs = ([mine.head(unit), counts[pg._rank], dt], [whole, (counts, displacements(counts)), dt])
         if root is None:
             req = comm.Iallgatherv(*bufs)
         else:
             req = comm.Igatherv(bufs[0], bufs[1] if here else None, root)
-        wait((req,), pg, call, (bufs, keep))
+        wait((req,), pg, call, bufs)
     return whole, offsets
 
 
 def allgather(pg: ProcessGroup, call: Any, obj: Any) -> list[Any]:
     """Every rank's ``obj`` on every rank, in rank order (for mpidist's own exchanges too)."""
-    comm = _start(pg)
-    mine = Pickled(obj)
-    sizes = _sizes(pg, call, comm, mine.nbytes)
-    whole, offsets = _gatherv(pg, call, comm, mine, sizes, None)
-    return [load(whole, off) for off in offsets]
+    return _exchange(pg, call, obj, None)
 
 
-def _bcast(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, mine: Pickled | None,
-           root: int) -> np.ndarray | None:
-    """The root's message on the other ranks (``MPI_Ibcast`` of its size, then of it)."""
-    size = np.array([0 if mine is None else mine.nbytes], np.int64)
-    wait((comm.Ibcast([size, MPI.INT64_T], root),), pg, call, size)
-    unit = unit_for(int(size[0]))
-    with datatypes() as keep:
-        if mine is not None:
-            buf, msg = None, mine.message(unit, keep)
-        else:
-            buf = np.empty(units(int(size[0]), unit) * unit, np.uint8)
-            msg = [buf, buf.size // unit, receive_type(unit, keep)]
-        wait((comm.Ibcast(msg, root),), pg, call, (msg, keep))
-    return buf
+def _bcast(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, obj: Any, root: int) -> Any:
+    """The root's ``obj`` on every rank: ``MPI_Ibcast`` of a slot (the head's size, and the head
+    if it fits), then of the head if it did not, then of each large buffer, into an array of
+    its own."""
+    mine = Pickled(obj, APART) if pg._rank == root else None
+    slot = _slot(mine)
+    wait((comm.Ibcast([slot, MPI.BYTE], root),), pg, call, slot)
+    size = int(slot[:8].view(np.int64)[0])
+    if size <= FITS:
+        head, at = slot, _AT
+    else:
+        unit = unit_for(size)
+        head, at = (mine.head(unit) if mine is not None else np.empty(units(size, unit) * unit, np.uint8)), 0
+        with datatype(unit) as dt:
+            wait((comm.Ibcast([head, head.size // unit, dt], root),), pg, call, head)
+    if mine is not None:
+        bufs = mine.apart
+        layout = mine.layout
+    else:
+        layout = read_head(head, at, APART)
+        bufs = [np.empty(n, np.uint8) for n in layout.apart()]
+    if bufs:
+        msgs = [p for b in bufs for p in pieces(b)]
+        wait([comm.Ibcast([m, MPI.BYTE], root) for m in msgs], pg, call, msgs)
+    return obj if mine is not None else load(head, at, bufs, layout)
 
 
 def _list(obj: Any, call: Any, arg: str, length: int | None = None) -> list:
@@ -103,17 +141,17 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
                           device: Any = None, group_src: int | None = None) -> None:
     """Replace every rank's ``object_list`` contents with ``src``'s.
 
-    Becomes ``MPI_Ibcast`` of the pickle's size, then of the pickle. Every rank passes a
-    list of the same length; only ``src``'s contents matter.
+    Becomes ``MPI_Ibcast`` of the pickle (its size first, unless it is small), then of each
+    large array in it. Every rank passes a list of the same length; only ``src``'s contents
+    matter.
     """
     call = broadcast_object_list.call
     pg = resolve(group, call)
     root = group_rank_of(pg, src, group_src, call, "src")
     _list(object_list, call, "object_list")
     comm = _start(pg)
-    buf = _bcast(pg, call, comm, Pickled(object_list) if pg._rank == root else None, root)
-    if buf is not None:
-        received = load(buf)
+    received = _bcast(pg, call, comm, object_list if pg._rank == root else None, root)
+    if pg._rank != root:
         if len(received) != len(object_list):
             raise errors.value_error(
                 call, f"the source sent {len(received)} objects but 'object_list' has "
@@ -126,7 +164,8 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Every rank's ``obj`` into ``object_list[rank]`` on every rank.
 
-    Becomes ``MPI_Iallgather`` of the pickles' sizes, then ``MPI_Iallgatherv`` of the pickles.
+    Becomes ``MPI_Iallgather`` of a slot per rank (the pickle's size, and the pickle if it is
+    small), then, for larger ones, ``MPI_Iallgatherv`` of the pickles.
     """
     call = all_gather_object.call
     pg = resolve(group, call)
@@ -139,7 +178,8 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
                   group: Any = None, group_dst: int | None = None) -> None:
     """Every rank's ``obj`` into ``object_gather_list`` on ``dst``.
 
-    Becomes ``MPI_Iallgather`` of the sizes (every rank must know them, as in torch), then
+    Becomes ``MPI_Iallgather`` of a slot per rank (the pickle's size, and the pickle if it is
+    small: every rank must know the sizes, as in torch), then, for larger ones,
     ``MPI_Igatherv`` of the pickles. Only the destination passes a list (of group size); the
     others pass ``None``.
     """
@@ -152,12 +192,9 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
         _list(object_gather_list, call, "object_gather_list", pg._size)
     elif object_gather_list:
         raise errors.value_error(call, "object_gather_list must be given only on the destination rank")
-    comm = _start(pg)
-    mine = Pickled(obj)
-    sizes = _sizes(pg, call, comm, mine.nbytes)
-    whole, offsets = _gatherv(pg, call, comm, mine, sizes, root)
-    if pg._rank == root:
-        object_gather_list[:] = [load(whole, off) for off in offsets]
+    got = _exchange(pg, call, obj, root)
+    if got is not None:
+        object_gather_list[:] = got
 
 
 @define(fingerprint=agree(src=ROOT))
@@ -188,35 +225,44 @@ def scatter_object_list(scatter_object_output_list: list[Any],
     unit = unit_for(int(sizes.sum()))
     counts = [units(int(s), unit) for s in sizes]
     mine = np.empty(counts[pg._rank] * unit, np.uint8)
-    with datatypes() as keep:
-        dt = receive_type(unit, keep)
+    with datatype(unit) as dt:
         send = None
-        if pg._rank == root:  # MPI_Scatterv sends from one buffer: the messages copied into it
+        if pg._rank == root:  # MPI_Scatterv sends from one buffer: the heads copied into it
             whole = np.empty(sum(counts) * unit, np.uint8)
             for p, at in zip(each, displacements(counts)):
                 p.copy_into(whole[at * unit:])
             send = [whole, (counts, displacements(counts)), dt]
         bufs = (send, [mine, dt])
-        wait((comm.Iscatterv(*bufs, root),), pg, call, (bufs, keep))
+        wait((comm.Iscatterv(*bufs, root),), pg, call, bufs)
     out[0] = load(mine)
 
 
-def _send(pg: ProcessGroup, call: Any, mine: Pickled, peer: int, tag: int) -> None:
-    """One message to ``peer`` (``MPI_Isend``)."""
+_channels = itertools.count()
+
+
+def _send(pg: ProcessGroup, call: Any, obj: Any, peer: int) -> None:
+    """``obj`` to ``peer``: its head (``MPI_Isend`` on the object tag), then each large buffer on
+    a tag of its own message (so no other receive can take them)."""
     comm = _start(pg)
+    channel = mpi_tag(1 + next(_channels) % MAX_TAG, call, OBJECTS)
+    mine = Pickled(obj, APART, channel)
     unit = unit_for(mine.nbytes)
-    with datatypes() as keep:
-        msg = mine.message(unit, keep)
-        wait((comm.Isend(msg, peer, tag),), pg, call, (msg, keep))
+    head = mine.head(unit)
+    with datatype(unit) as dt:
+        msgs = [[head, head.size // unit, dt]] + [[p, MPI.BYTE] for b in mine.apart for p in pieces(b)]
+        reqs = [comm.Isend(msgs[0], peer, mpi_tag(0, call, OBJECTS))]
+        reqs += [comm.Isend(m, peer, channel) for m in msgs[1:]]
+        wait(reqs, pg, call, msgs)
 
 
-def _recv(pg: ProcessGroup, call: Any, source: int, tag: int, status: MPI.Status) -> np.ndarray:
-    """The next message from ``source`` on ``tag``, whatever its size (``MPI_Improbe``, ``MPI_Imrecv``)."""
+def _recv(pg: ProcessGroup, call: Any, source: int, status: MPI.Status) -> Any:
+    """The next object from ``source``: the head, whatever its size (``MPI_Improbe``,
+    ``MPI_Imrecv``), then the buffers sent apart, from its sender on its channel."""
     comm = _start(pg)
     found: list[MPI.Message] = []
 
     def probed() -> bool:
-        m = comm.Improbe(source, tag, status)
+        m = comm.Improbe(source, mpi_tag(0, call, OBJECTS), status)
         if m is not None:
             found.append(m)
         return m is not None
@@ -225,11 +271,16 @@ def _recv(pg: ProcessGroup, call: Any, source: int, tag: int, status: MPI.Status
         until(probed, pg, call)
     nbytes = status.Get_elements(MPI.BYTE)
     unit = unit_for(nbytes)
-    buf = np.empty(nbytes, np.uint8)
-    with datatypes() as keep:
-        msg = [buf, nbytes // unit, receive_type(unit, keep)]
-        wait((found[0].Irecv(msg),), pg, call, (msg, keep))
-    return buf
+    head = np.empty(nbytes, np.uint8)
+    with datatype(unit) as dt:
+        wait((found[0].Irecv([head, nbytes // unit, dt]),), pg, call, head)
+    layout = read_head(head, 0, APART)
+    bufs = [np.empty(n, np.uint8) for n in layout.apart()]
+    if bufs:
+        sender, channel = status.Get_source(), int(layout.index[2])
+        msgs = [p for b in bufs for p in pieces(b)]
+        wait([comm.Irecv([m, MPI.BYTE], sender, channel) for m in msgs], pg, call, msgs)
+    return load(head, 0, bufs, layout)
 
 
 @define(hooked=False)
@@ -240,7 +291,7 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
     pg = resolve(group, call)
     peer = peer_rank(pg, dst, group_dst, call, "dst")
     _list(object_list, call, "object_list")
-    _send(pg, call, Pickled(list(object_list)), peer, mpi_tag(0, call, OBJECTS))
+    _send(pg, call, list(object_list), peer)
 
 
 @define(hooked=False)
@@ -256,7 +307,7 @@ def recv_object_list(object_list: list[Any], src: int | None = None, group: Any 
     source = peer_rank(pg, src, group_src, call, "src", any_source=True)
     _list(object_list, call, "object_list")
     status = MPI.Status()
-    received = load(_recv(pg, call, source, mpi_tag(0, call, OBJECTS), status))
+    received = _recv(pg, call, source, status)
     sender = pg.ranks[status.Get_source()]
     if len(received) != len(object_list):
         raise errors.value_error(

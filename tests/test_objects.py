@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from helpers import gathered, rank_data, still_works
 
+from mpidist import objects
+
 
 def obj_of(r: int):
     """A rank's object: nested containers with numpy arrays."""
@@ -128,16 +130,15 @@ def test_large_object(dist, rank, size):
     assert all(gathered(dist, ok))
 
 
-@pytest.fixture(params=["copied", "in place"])
+@pytest.fixture(params=["in the head", "apart"])
 def small_counts(request, monkeypatch):
-    """MPI's int limit as 3000 bytes and 256-byte units: the >2 GiB path, on small payloads.
-
-    "copied": messages go through one buffer; "in place": described by a datatype.
-    """
+    """MPI's int limit as 3000 bytes, 256-byte units, 1000-byte pieces: the >2 GiB paths, on
+    small payloads. "apart": arrays from 512 bytes on travel as messages of their own."""
     from mpidist import pickles
     monkeypatch.setattr(pickles, "INT_MAX", 3000)
     monkeypatch.setattr(pickles, "UNIT", 256)
-    monkeypatch.setattr(pickles, "COPY_BELOW", 1 << 20 if request.param == "copied" else 0)
+    monkeypatch.setattr(pickles, "PIECE", 1000)
+    monkeypatch.setattr(objects, "APART", 512 if request.param == "apart" else pickles.INLINE)
 
 
 def sized(r: int, n: int) -> dict:
@@ -148,7 +149,8 @@ def sized(r: int, n: int) -> dict:
 @pytest.mark.mpi
 def test_every_object_call_past_int_counts(dist, rank, size, small_counts):
     """Pickles over the (lowered) int limit travel as padded units; every result is exact."""
-    objs = [sized(r, 1000 + 700 * r) for r in range(size)]  # uneven: padding differs per rank
+    # uneven: padding differs per rank; rank 0's fits the first exchange's slot, the others' not
+    objs = [sized(r, 8 if r == 0 else 1000 + 700 * r) for r in range(size)]
     got = [None] * size
     dist.all_gather_object(got, objs[rank])
     assert same(got, objs)
@@ -228,12 +230,29 @@ def odd_arrays(r: int) -> list:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("copy_below", [0, 1 << 20])
-def test_arrays_arrive_whole_aligned_and_writable(dist, rank, size, copy_below, monkeypatch):
-    from mpidist import pickles
-    monkeypatch.setattr(pickles, "COPY_BELOW", copy_below)
+@pytest.mark.parametrize("call", ["all_gather_object", "broadcast_object_list", "send_object_list"])
+@pytest.mark.parametrize("apart", [8, 1 << 62])
+def test_arrays_arrive_whole_aligned_and_writable(dist, rank, size, call, apart, monkeypatch):
+    monkeypatch.setattr(objects, "APART", apart)  # 8: every buffer of 8 bytes on apart
     got = [None] * size
-    dist.all_gather_object(got, odd_arrays(rank))
+    if call == "all_gather_object":
+        dist.all_gather_object(got, odd_arrays(rank))
+    elif call == "broadcast_object_list":
+        for src in range(size):
+            lst = [odd_arrays(rank) if rank == src else None]
+            dist.broadcast_object_list(lst, src=src)
+            got[src] = lst[0]
+    else:  # a ring: each rank sends its arrays to the next (even ranks first, odd ones after receiving)
+        if size == 1:
+            pytest.skip("send_object_list needs a peer")
+        nxt, prev, lst = (rank + 1) % size, (rank - 1) % size, [None]
+        if rank % 2 == 0:
+            dist.send_object_list([odd_arrays(rank)], dst=nxt)
+        assert dist.recv_object_list(lst, src=prev) == prev
+        if rank % 2:
+            dist.send_object_list([odd_arrays(rank)], dst=nxt)
+        got = [odd_arrays(r) for r in range(size)]
+        got[prev] = lst[0]
     for r, objs in enumerate(got):
         assert same(objs[:5] + objs[6:], (odd_arrays(r)[:5] + odd_arrays(r)[6:])), r
         assert objs[5] == odd_arrays(r)[5]
