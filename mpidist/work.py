@@ -54,6 +54,13 @@ class Work:
                 self._exc = exc
                 raise
 
+    def until(self, ready: Callable[[], bool], keep: Any, timeout: float | None = None) -> None:
+        """Poll ``ready()`` bounded as :meth:`wait` is, on this work's group and call.
+
+        For the torch backend, whose works a progress thread completes.
+        """
+        timeouts.until(ready, self._pg, self._call, keep, timeout)
+
     def is_completed(self) -> bool:
         """``True`` once the operation is done (``MPI_Testall``; runs the post-step)."""
         if not self._done and MPI.Request.Testall(self._reqs, self._statuses):

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from helpers import gathered, still_works
 
+from mpidist import GroupTimeoutError
+
 LIMIT = 1.0
 # the deadline plus the grace period for peers' notices, with room for an oversubscribed machine
 END_BY = LIMIT + 15.0
@@ -161,3 +163,38 @@ def test_torch_backend_raises_past_the_group_timeout(tw, rank, size):
         assert exc is not None and " Timed out " in f" {exc} ", exc
         assert LIMIT - 0.1 <= took < END_BY
     tw.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("explicit", [False, True])
+def test_torch_async_work_raises_past_the_group_timeout(tw, rank, size, explicit, monkeypatch):
+    """DDP's kind of call: async_op=True, completed by the progress thread, then wait()."""
+    import torch
+
+    from mpidist.torch import backend
+    monkeypatch.setattr(backend, "SYNC_BYTES", 0)  # every async call nonblocking, even on one node
+    g = tw.new_group(timeout=timedelta(seconds=LIMIT))
+    late = size - 1
+    report = None
+    if rank != late:
+        work = tw.all_reduce(torch.ones(4), group=g, async_op=True)
+        if explicit:  # this rank's own limit: a RuntimeError here only, the work stays waitable
+            exc, took = _timed(lambda: work.wait(timeout=timedelta(seconds=0.3)))
+            assert exc is not None and "timed out after 0.3 s" in str(exc), exc
+            assert not isinstance(exc, GroupTimeoutError) and took < LIMIT
+        exc, took = _timed(work.wait)
+        assert isinstance(exc, GroupTimeoutError), exc
+        assert "all_reduce #1 on group" in str(exc) and f"not heard from rank {late} (" in str(exc)
+        assert LIMIT - 0.1 <= took < END_BY, took
+        exc2, took2 = _timed(lambda: tw.barrier(group=g))  # the group is broken: at once
+        assert exc2 is not None and "is broken" in str(exc2) and took2 < LIMIT, exc2
+        report = str(exc)
+    reports = gathered_torch(tw, report, size)
+    assert all(f"not heard from rank {late} (" in r for r in reports[:late]), reports
+    tw.barrier()
+
+
+def gathered_torch(tw, obj, size):
+    out = [None] * size
+    tw.all_gather_object(out, obj)
+    return out

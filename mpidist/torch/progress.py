@@ -6,7 +6,8 @@ works (``MPI_Testall`` through ``mpidist.Work.is_completed``) with a sleep that 
 short and doubles while nothing finishes, so it never spins a core of an oversubscribed
 machine; a new submission wakes it at once. Threads that wait on a work take part in
 the polling (whoever holds the poll lock tests), and futures are completed outside that
-lock so a callback may itself wait on other work.
+lock so a callback may itself wait on other work. A ``wait()`` is bounded by the group's
+timeout as mpidist's own calls are (:mod:`mpidist.timeouts`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 from typing import Any, Callable, Sequence
 
-from .. import errors
+from ..waiting import Backoff, poll
 from ..work import Work as MpiWork
 
 #: First and longest pause between two tests of the pending requests (seconds).
@@ -123,20 +123,25 @@ class Engine:
                     else:
                         pause = min(pause * 2, MAX_PAUSE)
 
-    def wait(self, p: Pending, timeout: float | None) -> None:
-        """Block until ``p`` is settled, helping with the polling; raise its error."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FIRST_PAUSE
-        while not p.done:
+    def wait(self, p: Pending, timeout: float | None = None) -> None:
+        """Block until ``p`` is settled, helping with the polling; raise its error.
+
+        Bounded as mpidist's own calls are (:func:`mpidist.timeouts.until`): past the group's
+        timeout this rank tells its peers, the group is broken and
+        :class:`~mpidist.timeouts.GroupTimeoutError` names the ranks not heard from; a peer's
+        notice ends the wait at once. An explicit ``timeout`` is this rank's own: past it a
+        ``RuntimeError`` says so and the work stays waitable.
+        """
+        def settled() -> bool:
             self.poll()
-            if p.done:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.runtime_error(
-                    p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete"
-                )
-            p.event.wait(pause)
-            pause = min(pause * 2, MAX_PAUSE)
+            return p.done
+
+        if not settled():
+            first = p.works[0] if p.works else None
+            if first is not None:
+                first.until(settled, p.works, timeout)
+            else:  # tested complete by another thread, which settles it next
+                poll(lambda: p.done, None, Backoff(longest=MAX_PAUSE))
         if p.error is not None:
             raise p.error
 

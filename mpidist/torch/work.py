@@ -32,11 +32,14 @@ class Work(tdist.Work):
         self._source = source
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        """Block until done. ``timeout`` (0 or ``None``: the group's) ends the wait with ``RuntimeError``."""
+        """Block until done, within the group's timeout (0 or ``None``) or this rank's ``timeout``.
+
+        Past the group's, :class:`mpidist.GroupTimeoutError` on every waiting rank (see
+        :meth:`.progress.Engine.wait`); past ``timeout``, a ``RuntimeError`` here only.
+        """
         p = self._pending
         if p is not None and not p.done:
-            limit = seconds(timeout) if timeout else self._timeout
-            engine.wait(p, limit)
+            engine.wait(p, seconds(timeout) if timeout else None)
         elif p is not None and p.error is not None:
             raise p.error
         return True
