@@ -12,7 +12,7 @@ bytes. Objects only ever arrive over MPI from ranks of the same job; nothing her
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -23,7 +23,7 @@ from .fingerprint import LENGTH, ROOT, agree
 from .groups import ProcessGroup, group_rank_of, resolve
 from .issue import displacements
 from .p2p import peer_rank
-from .pickles import APART, Pickled, datatype, load, pieces, read_head, unit_for, units
+from .pickles import APART, INLINE, Pickled, datatype, load, pieces, read_head, unit_for, units
 from .tags import MAX_TAG, OBJECTS, mpi_tag
 from .timeouts import until, wait
 
@@ -44,15 +44,40 @@ _AT = 64  # where the head starts in a slot (ALIGN: arrays in it stay aligned)
 FITS = SLOT - _AT
 
 
-def _slot(mine: Pickled | None) -> np.ndarray:
+#: The size a rank sends in place of its head's when its object could not be pickled.
+FAILED = -1
+
+
+def _pickled(obj: Any, apart: int = INLINE, channel: int = 0) -> Pickled | BaseException:
+    """``obj`` pickled, or the error pickling raised (sent on as :data:`FAILED`, raised after)."""
+    try:
+        return Pickled(obj, apart, channel)
+    except Exception as exc:  # noqa: BLE001 - every rank must hear of it before it is raised
+        return exc
+
+
+def _failed(pg: ProcessGroup, call: Any, sizes: Sequence[int], mine: Any, what: str) -> None:
+    """Raise on every rank when a rank could not pickle: its own error there, a ValueError elsewhere."""
+    bad = [pg.ranks[r] for r, n in enumerate(sizes) if n == FAILED]
+    if not bad:
+        return
+    if isinstance(mine, BaseException):
+        raise mine
+    who = f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
+    raise errors.value_error(call, f"{who} could not pickle {what} (the error is raised there)")
+
+
+def _slot(mine: Pickled | BaseException | None) -> np.ndarray:
     slot = np.empty(SLOT, np.uint8)
-    slot[:8].view(np.int64)[0] = 0 if mine is None else mine.nbytes
-    if mine is not None and mine.nbytes <= FITS:
+    size = 0 if mine is None else FAILED if isinstance(mine, BaseException) else mine.nbytes
+    slot[:8].view(np.int64)[0] = size
+    if isinstance(mine, Pickled) and mine.nbytes <= FITS:
         mine.copy_into(slot[_AT:])
     return slot
 
 
-def _slots(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, mine: Pickled) -> tuple[np.ndarray, list[int]]:
+def _slots(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, mine: Pickled | BaseException
+           ) -> tuple[np.ndarray, list[int]]:
     """Every rank's slot (``MPI_Iallgather``), and every rank's head size."""
     every = np.empty((pg._size, SLOT), np.uint8)
     bufs = ([_slot(mine), MPI.BYTE], [every, MPI.BYTE])
@@ -67,8 +92,9 @@ def _exchange(pg: ProcessGroup, call: Any, obj: Any, root: int | None) -> list[A
     ``MPI_Iallgatherv`` (``MPI_Igatherv`` to ``root``) of every head.
     """
     comm = _start(pg)
-    mine = Pickled(obj)
+    mine = _pickled(obj)
     every, sizes = _slots(pg, call, comm, mine)
+    _failed(pg, call, sizes, mine, "its object")
     if max(sizes) <= FITS:
         return [load(every[r], _AT) for r in range(pg._size)] if root in (None, pg._rank) else None
     whole, offsets = _gatherv(pg, call, comm, mine, sizes, root)
@@ -103,10 +129,13 @@ def _bcast(pg: ProcessGroup, call: Any, comm: MPI.Intracomm, obj: Any, root: int
     """The root's ``obj`` on every rank: ``MPI_Ibcast`` of a slot (the head's size, and the head
     if it fits), then of the head if it did not, then of each large buffer, into an array of
     its own."""
-    mine = Pickled(obj, APART) if pg._rank == root else None
+    mine = _pickled(obj, APART) if pg._rank == root else None
     slot = _slot(mine)
     wait((comm.Ibcast([slot, MPI.BYTE], root),), pg, call, slot)
     size = int(slot[:8].view(np.int64)[0])
+    sizes = [0] * pg._size
+    sizes[root] = size
+    _failed(pg, call, sizes, mine, "object_list")
     if size <= FITS:
         head, at = slot, _AT
     else:
@@ -218,10 +247,14 @@ def scatter_object_list(scatter_object_output_list: list[Any],
         _list(scatter_object_input_list, call, "scatter_object_input_list", pg._size)
     comm = _start(pg)
     sizes = np.zeros(pg._size, np.int64)
+    failed: list[BaseException] = []
     if pg._rank == root:
-        each = [Pickled(o) for o in scatter_object_input_list]
-        sizes[:] = [p.nbytes for p in each]
+        each = [_pickled(o) for o in scatter_object_input_list]
+        failed = [p for p in each if isinstance(p, BaseException)]
+        sizes[:] = FAILED if failed else [p.nbytes for p in each]
     wait((comm.Ibcast([sizes, MPI.INT64_T], root),), pg, call, sizes)
+    _failed(pg, call, [FAILED if r == root and sizes[0] == FAILED else 0 for r in range(pg._size)],
+            failed[0] if failed else None, "scatter_object_input_list")
     unit = unit_for(int(sizes.sum()))
     counts = [units(int(s), unit) for s in sizes]
     mine = np.empty(counts[pg._rank] * unit, np.uint8)

@@ -261,3 +261,29 @@ def test_arrays_arrive_whole_aligned_and_writable(dist, rank, size, call, apart,
                 assert a.flags.aligned and a.flags.writeable, (r, a.dtype)
                 a[...] = a  # writable views of the received message
     still_works(dist, size)
+
+
+UNPICKLABLE = {
+    "all_gather_object": lambda d, bad, r, n: d.all_gather_object([None] * n, bad if r == n - 1 else r),
+    "gather_object": lambda d, bad, r, n: d.gather_object(bad if r == n - 1 else r,
+                                                          [None] * n if r == 0 else None, dst=0),
+    "broadcast_object_list": lambda d, bad, r, n: d.broadcast_object_list([bad if r == n - 1 else None],
+                                                                          src=n - 1),
+    "scatter_object_list": lambda d, bad, r, n: d.scatter_object_list(
+        [None], [bad] * n if r == n - 1 else None, src=n - 1),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("call", sorted(UNPICKLABLE))
+def test_an_object_that_cannot_be_pickled_raises_on_every_rank(dist, rank, size, call):
+    """The last rank's object is a lambda: pickle's error there, a ValueError naming it elsewhere."""
+    with pytest.raises(Exception) as info:
+        UNPICKLABLE[call](dist, lambda: None, rank, size)
+    if rank == size - 1:
+        assert not isinstance(info.value, ValueError) or "pickle" in str(info.value), info.value
+        assert "lambda" in str(info.value) or "pickle" in str(info.value).lower(), info.value
+    else:
+        assert isinstance(info.value, ValueError), info.value
+        assert f"{call}: rank {rank}: rank {size - 1} could not pickle" in str(info.value)
+    still_works(dist, size)

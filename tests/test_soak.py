@@ -221,6 +221,31 @@ def test_broadcast_over_2_gib(dist, rank, size, request):
     del x
 
 
+@pytest.mark.slow
+@pytest.mark.mpi(min_size=2)
+def test_objects_over_2_gib(dist, rank, size, request):
+    """Past MPI's int counts: an array apart in 1 GiB pieces, and heads in 1 MiB units."""
+    opt_in(request)
+    need = 4.5 * size + 4
+    avail = [None] * size
+    dist.all_gather_object(avail, _mem_available_gib())
+    if min(avail) < need:
+        pytest.skip(f"needs {need:.0f} GiB free, have {min(avail):.0f}")
+    n = 2**31 + 64
+    big = np.tile(np.arange(256, dtype=np.uint8), n // 256 + 1)[:n] if rank == 0 else None
+    lst = [{"big": big, "tag": "end"}]
+    dist.broadcast_object_list(lst, src=0)  # one buffer apart, in three messages
+    got = lst[0]["big"]
+    assert got.size == n and lst[0]["tag"] == "end"
+    assert got[-64:].tolist() == [(n - 64 + i) % 256 for i in range(64)] and got[2**31 - 1] == 255
+    del big, lst, got
+    # every rank's 1.1 GiB in the heads of one all-gather: more than 2 GiB in all, in 1 MiB units
+    mine = np.full(1100 * 2**20, rank + 1, np.uint8)
+    out = [None] * size
+    dist.all_gather_object(out, mine)
+    assert all(o.size == mine.size and o[0] == o[-1] == r + 1 for r, o in enumerate(out))
+
+
 # ---------------------------------------------------------------- security
 
 SRC = Path(__file__).resolve().parent.parent / "mpidist"
