@@ -44,3 +44,14 @@ def tw():
         torch.set_num_threads(1)
         tdist.init_process_group("mpidist")
     return tdist
+
+
+@pytest.fixture(scope="session")
+def torchrun_results():
+    """The examples under torchrun with torch's own gloo: the reference of test_run_module.py and
+    test_slurm_run.py, run once per session (a fixture imported into two test modules would run
+    once in each: about 25 s more)."""
+    from test_run_module import DETR_STYLE, TORCHRUN_STYLE, torchrun
+
+    return {"torchrun_style": torchrun(TORCHRUN_STYLE, "--epochs", "2"),
+            "detr_style": torchrun(DETR_STYLE, "--epochs", "2")}

@@ -170,12 +170,6 @@ def torchrun(script: str, *args: str, n: int = 4) -> dict[str, str]:
     return finals(python([*TORCHRUN, str(n), script, *args], {"GLOO_SOCKET_IFNAME": "lo"}, timeout=300))
 
 
-@pytest.fixture(scope="session")  # one torchrun reference for this file and test_slurm_run.py
-def torchrun_results():
-    return {"torchrun_style": torchrun(TORCHRUN_STYLE, "--epochs", "2"),
-            "detr_style": torchrun(DETR_STYLE, "--epochs", "2")}
-
-
 def same_training(got: dict[str, str], ref: dict[str, str], bitwise: bool) -> None:
     assert got["world_size"] == ref["world_size"] == "4"
     assert float(ref["test_accuracy"]) > 0.8  # it learnt

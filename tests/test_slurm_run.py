@@ -24,7 +24,6 @@ from test_run_module import (  # noqa: F401  (fixtures)
     dumps,
     same_training,
     torchrun_dumps,
-    torchrun_results,
 )
 from test_slurm import JOB_TIMEOUT, NTASKS, job_env, slurm  # noqa: F401  (slurm: the fixture)
 
