@@ -25,7 +25,7 @@ from .issue import displacements
 from .p2p import peer_rank
 from .pickles import APART, INLINE, Pickled, datatype, load, pieces, read_head, unit_for, units
 from .tags import MAX_TAG, OBJECTS, mpi_tag
-from .timeouts import until, wait
+from .timeouts import QUICK_TESTS, until, wait
 
 
 def _start(pg: ProcessGroup) -> MPI.Intracomm:
@@ -292,13 +292,16 @@ def _recv(pg: ProcessGroup, call: Any, source: int, status: MPI.Status) -> Any:
     """The next object from ``source``: the head, whatever its size (``MPI_Improbe``,
     ``MPI_Imrecv``), then the buffers sent apart, from its sender on its channel."""
     comm = _start(pg)
+    tag = mpi_tag(0, call, OBJECTS)
     found: list[MPI.Message] = []
 
     def probed() -> bool:
-        m = comm.Improbe(source, mpi_tag(0, call, OBJECTS), status)
-        if m is not None:
-            found.append(m)
-        return m is not None
+        for _ in range(QUICK_TESTS):
+            m = comm.Improbe(source, tag, status)
+            if m is not None:
+                found.append(m)
+                return True
+        return False
 
     if not probed():
         until(probed, pg, call)
