@@ -115,6 +115,27 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     _give_up(pg, call, keep, limit, time.monotonic() - start, heard)
 
 
+def expired(pg: ProcessGroup, call: Any, keep: Any, start: float) -> GroupTimeoutError | None:
+    """For work that a thread of its own polls (the torch backend's): ``None`` while ``pg``'s
+    timeout has not passed since ``start`` and no peer gave up on it; else the error to hand on,
+    after giving up as :func:`wait` does (the peers told, the group broken)."""
+    if pg.broken is not None:
+        return GroupTimeoutError(
+            errors.message(call, f"process group {pg.group_name!r} is broken: {pg.broken}"))
+    heard: dict[int, np.ndarray] = {}
+    if pg.comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
+        _take_notices(pg.comm, heard)
+    limit = seconds(pg.timeout)
+    waited = time.monotonic() - start
+    if not heard and (limit is None or waited < limit):
+        return None
+    try:
+        _give_up(pg, call, keep, limit, waited, heard)
+    except GroupTimeoutError as exc:
+        return exc
+    return None  # unreachable: _give_up raises
+
+
 def _take_notices(comm: MPI.Intracomm, heard: dict[int, np.ndarray]) -> None:
     """Receive every notice that has arrived (group rank -> its notice)."""
     status = MPI.Status()

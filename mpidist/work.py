@@ -54,12 +54,11 @@ class Work:
                 self._exc = exc
                 raise
 
-    def until(self, ready: Callable[[], bool], keep: Any, timeout: float | None = None) -> None:
-        """Poll ``ready()`` bounded as :meth:`wait` is, on this work's group and call.
-
-        For the torch backend, whose works a progress thread completes.
-        """
-        timeouts.until(ready, self._pg, self._call, keep, timeout)
+    def expired(self, start: float, keep: Any) -> BaseException | None:
+        """The error to hand on once this work's group timeout has passed since ``start``
+        (or a peer gave up); see :func:`mpidist.timeouts.expired`. For the torch backend,
+        whose works a progress thread completes."""
+        return timeouts.expired(self._pg, self._call, keep, start)
 
     def is_completed(self) -> bool:
         """``True`` once the operation is done (``MPI_Testall``; runs the post-step)."""

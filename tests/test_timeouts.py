@@ -182,8 +182,9 @@ def test_torch_async_work_raises_past_the_group_timeout(tw, rank, size, explicit
             exc, took = _timed(lambda: work.wait(timeout=timedelta(seconds=0.3)))
             assert exc is not None and "timed out after 0.3 s" in str(exc), exc
             assert not isinstance(exc, GroupTimeoutError) and took < LIMIT
-        exc, took = _timed(work.wait)
-        assert isinstance(exc, GroupTimeoutError), exc
+        # explicit: wait(); else the future, as DDP waits from C++ (nobody calls wait())
+        exc, took = _timed(work.wait if explicit else lambda: work.get_future().wait())
+        assert isinstance(exc, GroupTimeoutError) or "GroupTimeoutError" in str(exc), exc
         assert "all_reduce #1 on group" in str(exc) and f"not heard from rank {late} (" in str(exc)
         assert LIMIT - 0.1 <= took < END_BY, took
         exc2, took2 = _timed(lambda: tw.barrier(group=g))  # the group is broken: at once
@@ -198,3 +199,29 @@ def gathered_torch(tw, obj, size):
     out = [None] * size
     tw.all_gather_object(out, obj)
     return out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sync_bytes", [0, None])
+def test_ddp_raises_when_a_rank_stops_stepping(tw, rank, size, sync_bytes, monkeypatch):
+    """DDP waits on its buckets' futures from C++: past the group's timeout backward raises, as
+    under gloo. ``sync_bytes=0``: every bucket nonblocking; ``None``: this node's choice."""
+    import torch
+
+    from mpidist.torch import backend
+    if sync_bytes is not None:
+        monkeypatch.setattr(backend, "SYNC_BYTES", sync_bytes)
+    g = tw.new_group(timeout=timedelta(seconds=LIMIT))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4), process_group=g)
+    model(torch.ones(2, 8)).sum().backward()  # one step together
+    late = size - 1
+    report = None
+    if rank != late:
+        exc, took = _timed(lambda: model(torch.ones(2, 8)).sum().backward())
+        assert exc is not None and "Timed out" in str(exc) and "not heard from rank" in str(exc), exc
+        assert LIMIT - 0.1 <= took < END_BY, took
+        report = str(exc)
+    reports = gathered_torch(tw, report, size)
+    assert all(f"not heard from rank {late} (" in r for r in reports[:late]), reports
+    tw.barrier()

@@ -6,8 +6,10 @@ works (``MPI_Testall`` through ``mpidist.Work.is_completed``) with a sleep that 
 short and doubles while nothing finishes, so it never spins a core of an oversubscribed
 machine; a new submission wakes it at once. Threads that wait on a work take part in
 the polling (whoever holds the poll lock tests), and futures are completed outside that
-lock so a callback may itself wait on other work. A ``wait()`` is bounded by the group's
-timeout as mpidist's own calls are (:mod:`mpidist.timeouts`).
+lock so a callback may itself wait on other work. Whoever polls also ends pending work past
+its group's timeout, or on a peer's notice, as mpidist's own calls end
+(:func:`mpidist.timeouts.expired`): the future gets the error, so DDP, which waits on futures
+from C++, raises as under gloo.
 """
 
 from __future__ import annotations
@@ -15,20 +17,24 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from typing import Any, Callable, Sequence
 
-from ..waiting import Backoff, poll
+from .. import errors
 from ..work import Work as MpiWork
 
 #: First and longest pause between two tests of the pending requests (seconds).
 FIRST_PAUSE = float(os.environ.get("MPIDIST_TORCH_POLL_MIN", "20e-6"))
 MAX_PAUSE = float(os.environ.get("MPIDIST_TORCH_POLL_MAX", "500e-6"))
+#: Work pending for longer than this (seconds) is checked against its group's timeout and for
+#: peers' notices at each poll; younger work is only tested.
+CHECK_AFTER = 0.05
 
 
 class Pending:
     """One torch-level operation: its mpidist works and the torch future to complete."""
 
-    __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done")
+    __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start")
 
     def __init__(self, works: Sequence[MpiWork], future: Any, value: Any, call: str,
                  on_done: Callable[[], None] | None = None) -> None:
@@ -40,6 +46,7 @@ class Pending:
         self.error: BaseException | None = None
         self.event = threading.Event()
         self.on_done = on_done
+        self.start = time.monotonic()
 
     def test(self) -> bool:
         """``True`` once every request is complete (post-steps run here, exactly once)."""
@@ -53,6 +60,17 @@ class Pending:
         except BaseException as exc:  # noqa: BLE001 - handed to the future and to wait()
             self.error = exc
             self.works = []
+        return True
+
+    def expired(self) -> bool:
+        """``True`` once the group's timeout has passed (or a peer gave up): then the error is
+        :class:`~mpidist.timeouts.GroupTimeoutError`, the peers were told and the group is broken."""
+        if not self.works or time.monotonic() - self.start < CHECK_AFTER:
+            return False
+        error = self.works[0].expired(self.start, self.works)
+        if error is None:
+            return False
+        self.error, self.works = error, []
         return True
 
     def settle(self) -> None:
@@ -92,7 +110,7 @@ class Engine:
         try:
             with self._cv:
                 snapshot = list(self._pending)
-            finished = [p for p in snapshot if p.test()]
+            finished = [p for p in snapshot if p.test() or p.expired()]
             if finished:
                 with self._cv:
                     self._pending = [p for p in self._pending if p not in finished]
@@ -126,22 +144,22 @@ class Engine:
     def wait(self, p: Pending, timeout: float | None = None) -> None:
         """Block until ``p`` is settled, helping with the polling; raise its error.
 
-        Bounded as mpidist's own calls are (:func:`mpidist.timeouts.until`): past the group's
-        timeout this rank tells its peers, the group is broken and
-        :class:`~mpidist.timeouts.GroupTimeoutError` names the ranks not heard from; a peer's
-        notice ends the wait at once. An explicit ``timeout`` is this rank's own: past it a
+        The group's timeout is enforced by :meth:`poll` for every pending operation, waited on
+        or not (DDP waits on futures). An explicit ``timeout`` is this rank's own: past it a
         ``RuntimeError`` says so and the work stays waitable.
         """
-        def settled() -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = FIRST_PAUSE
+        while not p.done:
             self.poll()
-            return p.done
-
-        if not settled():
-            first = p.works[0] if p.works else None
-            if first is not None:
-                first.until(settled, p.works, timeout)
-            else:  # tested complete by another thread, which settles it next
-                poll(lambda: p.done, None, Backoff(longest=MAX_PAUSE))
+            if p.done:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.runtime_error(
+                    p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete"
+                )
+            p.event.wait(pause)
+            pause = min(pause * 2, MAX_PAUSE)
         if p.error is not None:
             raise p.error
 

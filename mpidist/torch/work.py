@@ -92,4 +92,11 @@ def pending(works: Sequence[MpiWork], value: Any, call: str, timeout: float | No
     fut: torch.futures.Future = torch.futures.Future()
     p = Pending(works, fut, value, call, on_done)
     engine.submit(p)
-    return Work(fut, p, timeout, source)
+    return Work(fut.then(_value), p, timeout, source)
+
+
+def _value(fut: torch.futures.Future) -> Any:
+    """The value, or the error raised: a Python future's ``set_exception`` is a result that
+    raises only in Python; raised in a ``then`` callback it becomes the future's C++ error,
+    which DDP's reducer, waiting in C++, raises (it read the exception as a tensor list)."""
+    return fut.value()
