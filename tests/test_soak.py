@@ -203,21 +203,38 @@ def _mem_available_gib() -> float:
     return 0.0
 
 
-@pytest.mark.slow
-@pytest.mark.mpi(min_size=2)
-def test_broadcast_over_2_gib(dist, rank, size, request):
+#: Elements of the arrays past MPI's int counts.
+_BIG = 2**31 + 64
+
+
+def _big_test(dist, size, request, need_per_rank: float) -> None:
+    """Opt-in, and skipped on every rank unless each has the memory (GiB) free."""
     opt_in(request)
-    need = 2.2 * size + 4
+    need = need_per_rank * size + 4
     avail = [None] * size
     dist.all_gather_object(avail, _mem_available_gib())
     if min(avail) < need:
         pytest.skip(f"needs {need:.0f} GiB free, have {min(avail):.0f}")
-    n = 2**31 + 64
-    # i % 256 at index i, built without a 2**31-element uint64 temporary (16 GiB)
-    x = np.zeros(n, np.uint8) if rank else np.tile(np.arange(256, dtype=np.uint8), n // 256 + 1)[:n]
-    dist.broadcast(x, src=0)
-    assert x[-64:].tolist() == [(n - 64 + i) % 256 for i in range(64)]
+
+
+def _ramp(n: int) -> np.ndarray:
+    """i % 256 at index i, built without a 2**31-element uint64 temporary (16 GiB)."""
+    return np.tile(np.arange(256, dtype=np.uint8), n // 256 + 1)[:n]
+
+
+def _check_ramp(x: np.ndarray) -> None:
+    assert x.size == _BIG
+    assert x[-64:].tolist() == [(_BIG - 64 + i) % 256 for i in range(64)]
     assert x[2**31 - 1] == (2**31 - 1) % 256
+
+
+@pytest.mark.slow
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_over_2_gib(dist, rank, size, request):
+    _big_test(dist, size, request, need_per_rank=2.2)
+    x = np.zeros(_BIG, np.uint8) if rank else _ramp(_BIG)
+    dist.broadcast(x, src=0)
+    _check_ramp(x)
     del x
 
 
@@ -225,20 +242,12 @@ def test_broadcast_over_2_gib(dist, rank, size, request):
 @pytest.mark.mpi(min_size=2)
 def test_objects_over_2_gib(dist, rank, size, request):
     """Past MPI's int counts: an array apart in 1 GiB pieces, and heads in 1 MiB units."""
-    opt_in(request)
-    need = 4.5 * size + 4
-    avail = [None] * size
-    dist.all_gather_object(avail, _mem_available_gib())
-    if min(avail) < need:
-        pytest.skip(f"needs {need:.0f} GiB free, have {min(avail):.0f}")
-    n = 2**31 + 64
-    big = np.tile(np.arange(256, dtype=np.uint8), n // 256 + 1)[:n] if rank == 0 else None
-    lst = [{"big": big, "tag": "end"}]
+    _big_test(dist, size, request, need_per_rank=4.5)
+    lst = [{"big": _ramp(_BIG) if rank == 0 else None, "tag": "end"}]
     dist.broadcast_object_list(lst, src=0)  # one buffer apart, in three messages
-    got = lst[0]["big"]
-    assert got.size == n and lst[0]["tag"] == "end"
-    assert got[-64:].tolist() == [(n - 64 + i) % 256 for i in range(64)] and got[2**31 - 1] == 255
-    del big, lst, got
+    assert lst[0]["tag"] == "end"
+    _check_ramp(lst[0]["big"])
+    del lst
     # every rank's 1.1 GiB in the heads of one all-gather: more than 2 GiB in all, in 1 MiB units
     mine = np.full(1100 * 2**20, rank + 1, np.uint8)
     out = [None] * size
