@@ -130,7 +130,13 @@ def setup_cluster(mode: str) -> dict[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default=os.environ.get("MPIDIST_TEST_SIZES", "1,2,3,4"))
-    ap.add_argument("--timeout", type=int, default=int(os.environ.get("MPIDIST_TEST_TIMEOUT", "600")))
+    ap.add_argument("--timeout", type=int, default=int(os.environ.get("MPIDIST_TEST_TIMEOUT", "600")),
+                    help="seconds for each mpiexec run")
+    # the serial run is a sequence of jobs, each under its own timeout; together they take about
+    # 10 min on 2 cores, so the mpiexec runs' limit would cut a healthy run short
+    ap.add_argument("--serial-timeout", type=int,
+                    default=int(os.environ.get("MPIDIST_SERIAL_TIMEOUT", "1800")),
+                    help="seconds for the serial run")
     ap.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) run")
     ap.add_argument("--slurm", choices=["auto", "install", "off"],
                     default=os.environ.get("MPIDIST_SLURM_MODE", "auto"),
@@ -154,20 +160,21 @@ def main() -> int:
     runs: list[tuple] = []
     if not a.no_serial:
         runs.append(("serial", [py, "-m", "pytest", "--durations=15", *base], 1,
-                     {**setup_slurm(a.slurm, slurm_dir), **setup_cluster(a.cluster)}))
+                     {**setup_slurm(a.slurm, slurm_dir), **setup_cluster(a.cluster)}, a.serial_timeout))
     for n in sizes:
         runs.append((f"mpiexec -n {n}", [mpiexec_path(), "-n", str(n), py, "-m", "pytest",
-                                          "--only-mpi", *base], n, NO_ABORT))
+                                          "--only-mpi", *base], n, NO_ABORT, a.timeout))
     if a.openmpi:
         ompi_sizes = sizes if a.openmpi_sizes is None else [int(s) for s in a.openmpi_sizes.split(",") if s]
-        runs += openmpi_runs(Path(a.openmpi).resolve(), ompi_sizes, [*opts, "--color=no"])
+        runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout)
+                 for r in openmpi_runs(Path(a.openmpi).resolve(), ompi_sizes, [*opts, "--color=no"])]
     failed_runs = []
     total: dict[str, int] = {}
     seconds: dict[str, float] = {}
     try:
-        for label, cmd, ranks, extra_env in runs:
+        for label, cmd, ranks, extra_env, limit in runs:
             t0 = time.monotonic()
-            rc, c = run(label, cmd, a.timeout, ranks, extra_env)
+            rc, c = run(label, cmd, limit, ranks, extra_env)
             part = "openmpi" if label.startswith("openmpi") else "mpich"
             seconds[part] = seconds.get(part, 0.0) + time.monotonic() - t0
             for k, v in c.items():
