@@ -1,8 +1,10 @@
 """Object collectives: picklable Python objects over MPI, as :mod:`mpidist.pickles` messages.
 
-Each call exchanges the messages' sizes, then the messages, with the nonblocking MPI
+Each call first exchanges a 512-byte slot per rank (the message's size, and the message
+itself when it is small), then the messages that did not fit, with the nonblocking MPI
 routines waited on within the group's timeout (:mod:`mpidist.timeouts`): a missing rank makes
-every waiting rank raise, as in the array calls. (mpi4py's pickling calls, ``pkl5`` included,
+every waiting rank raise, as in the array calls. An object that cannot be pickled raises on
+every rank. (mpi4py's pickling calls, ``pkl5`` included,
 block inside MPI and cannot.) A receive probes for its message (``MPI_Improbe``, safe with
 several receiving threads) and takes exactly that message (``MPI_Imrecv``). Results are
 written into the caller's lists, as torch does; arrays in them are views of the received
