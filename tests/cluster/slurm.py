@@ -20,8 +20,6 @@ from __future__ import annotations
 import random
 import socket
 import string
-import subprocess
-import time
 from pathlib import Path
 
 from slurm import harness as single
@@ -89,27 +87,13 @@ class ClusterSlurm(single.LocalSlurm):
 
     def stop(self) -> None:
         """Cancel the jobs, stop every slurmd, slurmctld and munged by PID."""
-        if self.pids.get("slurmctld") and self.conf.exists():
-            try:
-                self.client("scancel", "--user", "root", check=False, timeout=10)
-                deadline = time.monotonic() + 15
-                while (self.client("squeue", "-h", check=False, timeout=10).strip()
-                       and time.monotonic() < deadline):
-                    time.sleep(0.5)
-            except (subprocess.SubprocessError, OSError):
-                pass
+        self.cancel_jobs()
         order = [n for n in self.pids if n.startswith("slurmd")] + ["slurmctld", "munged"]
         for name in order:
             pid = self.pids.get(name)
             if pid is not None:
                 harness._kill_pids([pid], grace=5.0)
-        for proc in self._procs.values():
-            try:
-                proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
-        self.pids.clear()
-        self._procs.clear()
+        self.reap()
         self.cluster.daemons = {k: v for k, v in self.cluster.daemons.items() if not k.startswith("slurm-")}
         if self.cluster.state is not None:
             self.cluster._save()

@@ -263,16 +263,28 @@ class LocalSlurm:
 
     def stop(self) -> None:
         """Cancel every job, then stop slurmd, slurmctld and munged by PID (TERM, then KILL)."""
-        if self.pids.get("slurmctld") and self.conf.exists():
-            try:
-                self.client("scancel", "--user", pwd.getpwuid(os.geteuid()).pw_name, check=False, timeout=10)
-                deadline = time.monotonic() + 15
-                while (self.client("squeue", "-h", check=False, timeout=10).strip()
-                       and time.monotonic() < deadline):
-                    time.sleep(0.5)
-            except (subprocess.SubprocessError, OSError):
-                pass
+        self.cancel_jobs()
         stop_pids(self.pids, self.conf)
+        self.reap()
+        state_file = self.state / STATE_FILE
+        if state_file.exists():
+            state_file.unlink()
+
+    def cancel_jobs(self) -> None:
+        """Cancel this user's jobs and wait (up to 15 s) until none is left."""
+        if not (self.pids.get("slurmctld") and self.conf.exists()):
+            return
+        try:
+            self.client("scancel", "--user", pwd.getpwuid(os.geteuid()).pw_name, check=False, timeout=10)
+            deadline = time.monotonic() + 15
+            while (self.client("squeue", "-h", check=False, timeout=10).strip()
+                   and time.monotonic() < deadline):
+                time.sleep(0.5)
+        except (subprocess.SubprocessError, OSError):
+            pass
+
+    def reap(self) -> None:
+        """Collect the stopped daemons' exit status and forget them."""
         for proc in self._procs.values():
             try:
                 proc.wait(timeout=1)
@@ -280,9 +292,6 @@ class LocalSlurm:
                 pass
         self.pids.clear()
         self._procs.clear()
-        state_file = self.state / STATE_FILE
-        if state_file.exists():
-            state_file.unlink()
 
     def __enter__(self) -> LocalSlurm:
         return self.start()
