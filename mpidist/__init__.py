@@ -7,18 +7,15 @@
 from __future__ import annotations
 
 # isort: off
-from . import startup as _startup  # first: it bounds MPI_Init, which the next import runs
-from . import mpi_library as _mpi_library  # noqa: F401  (loads mpi4py.MPI, or says why it cannot)
-from . import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
+from .start import startup as _startup  # first: it bounds MPI_Init, which the next import runs
+from .start import finalize as _finalize  # noqa: F401  (under ULFM: set before mpi4py.MPI loads)
+from .start import mpi_library as _mpi_library  # noqa: F401  (loads mpi4py.MPI, or says why it cannot)
+from .start import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
 # isort: on
-from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
-from .data import DistributedSampler
-from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
-from .exchange import all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter
-from .groups import GroupMember, ProcessGroup, get_global_rank, get_group_rank, get_process_group_ranks, group
-from .launch import DistInfo, init_distributed_mode
-from .monitor import monitored_barrier
-from .objects import (
+from ._version import __version__  # noqa: F401  (mpidist.__version__)
+from .calls.collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
+from .calls.exchange import all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter
+from .calls.objects import (
     all_gather_object,
     broadcast_object_list,
     gather_object,
@@ -26,12 +23,22 @@ from .objects import (
     scatter_object_list,
     send_object_list,
 )
-from .ops import ReduceOp, make_premul_sum, reduce_op
-from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .parallel import average_gradients
-from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
-from .timeouts import GroupTimeoutError
-from .topology import (
+from .calls.ops import ReduceOp, make_premul_sum, reduce_op
+from .calls.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .checks.debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
+from .checks.monitor import monitored_barrier
+from .core.faults import ProcessFailureError
+from .core.groups import (
+    GroupMember,
+    ProcessGroup,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    group,
+)
+from .core.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
+from .core.timeouts import GroupTimeoutError
+from .core.topology import (
     new_local_rank_group,
     new_node_group,
     new_subgroups_by_local_rank,
@@ -39,8 +46,9 @@ from .topology import (
     node_mesh,
     node_ranks,
 )
-from .work import Future, Work
-from .world import (
+from .core.work import Future, Work
+from .start.shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group
+from .start.world import (
     Backend,
     default_pg_timeout,
     destroy_process_group,
@@ -56,16 +64,19 @@ from .world import (
     is_nccl_available,
     is_torchelastic_launched,
 )
+from .training.distributed_mode import DistInfo, init_distributed_mode
+from .training.gradients import average_gradients
+from .training.sampler import DistributedSampler
 
 _make_nccl_premul_sum = make_premul_sum
 _startup.disarm()  # MPI_Init has returned
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DistInfo", "DistributedSampler", "average_gradients", "init_distributed_mode",
     "DebugLevel", "get_debug_level", "monitored_barrier", "set_debug_level", "set_debug_level_from_env",
-    "Backend", "Future", "GroupMember", "GroupTimeoutError", "P2POp", "ProcessGroup", "ReduceOp", "Work",
+    "Backend", "Future", "GroupMember", "GroupTimeoutError", "ProcessFailureError",
+    "SHRINK_ABORT", "SHRINK_DEFAULT", "shrink_group", "P2POp", "ProcessGroup", "ReduceOp", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",

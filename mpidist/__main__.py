@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] != "info":
         sys.stderr.write(f"python -m mpidist: unknown command {argv[0]!r}\n{_USAGE}")
         return 2
-    from .info import main as info_main
+    from .start.info import main as info_main
 
     return info_main(argv[1:])
 

@@ -9,7 +9,7 @@
 Before the script runs, in this same process (as ``python script.py`` / ``python -m``
 would run it: ``sys.argv``, ``sys.path[0]`` and ``__main__`` as the script expects), every
 rank gets the variables torchrun gives its workers (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ...; see :mod:`mpidist.torchrun_env`), computed from MPI.
+``LOCAL_RANK``, ``MASTER_ADDR``, ...; see :mod:`mpidist.start.torchrun_env`), computed from MPI.
 The script's ``init_process_group("gloo")`` or ``("nccl")`` then rendezvous as under
 torchrun. ``--backend-for-cpu mpidist`` runs the default group's CPU part on mpidist's
 torch backend (MPI) instead of gloo (see :mod:`mpidist.torch.start`).
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from . import failure, launcher, torchrun_env
+from .checks import failure
+from .start import launcher, torchrun_env
 
 CALL = torchrun_env.CALL
 USAGE = ("usage: python -m mpidist.run [--backend-for-cpu {gloo,mpidist}] "

@@ -1,11 +1,13 @@
 """GPU buffers: detection, the CUDA-awareness query, per-library copies and host staging.
 
-:func:`mpidist.buffers.as_buffer` asks :func:`inspect` whether an argument lives on a GPU and
+:func:`mpidist.core.buffers.as_buffer` asks :func:`inspect` whether an argument lives on a GPU and
 then :func:`to_mpi` for the array MPI should see (the device pointer on a CUDA-aware MPI, else
 a staged host copy). No GPU library is imported: a buffer is handled by the library it came
 from (torch, CuPy), or by ``libcudart`` through ctypes for anything else (Numba, JAX, ...).
 The producing stream is synchronised before MPI or a copy touches the memory (mpi4py leaves
 that to the caller).
+
+Imports: :mod:`mpidist.core`'s errors only (the core's buffers import this package).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import os
 
 from mpi4py import MPI
 
-from .. import errors
+from ..core import errors
 
 #: Environment variable that overrides the CUDA-awareness query (``0`` or ``1``).
 ENV_CUDA_AWARE = "MPIDIST_CUDA_AWARE"

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .. import errors
+from ..core import errors
 from .detect import Device
 
 

@@ -3,7 +3,7 @@
 Two paths (:func:`choose_path`):
 
 * **direct** -- MPI is CUDA-aware and the call never touches the payload on the host (its
-  :class:`~mpidist.calls.Call` says ``gpu_direct``): MPI gets the device pointer, wrapped in a
+  :class:`~mpidist.core.registry.Call` says ``gpu_direct``): MPI gets the device pointer, wrapped in a
   :class:`~mpidist.gpu.detect.DeviceView`.
 * **staged** -- otherwise: the data is copied into a buffer of the one :data:`POOL`, MPI
   works on that, and the call's completion copies results back and returns the buffer.

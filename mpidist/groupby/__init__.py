@@ -17,6 +17,8 @@ Modules: ``columns`` (argument parsing), ``schema`` (the up-front agreement chec
 ``factorize`` (group ids), ``states`` (partial states and their merge), ``hashing``
 (deterministic key hashes), ``exchange`` (Gatherv/Alltoallv of columns), ``result``,
 ``api`` (the merge modes) and ``frame`` (pandas).
+
+Imports: numpy (pandas for frames) and :mod:`mpidist.core`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..groups import ProcessGroup, resolve
+from ..core.groups import ProcessGroup, resolve
 from . import exchange, hashing, schema, states
 from .columns import MERGES, Call, InputError, parse, valid_key_rows
 from .factorize import group_ids

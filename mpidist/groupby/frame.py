@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..groups import ProcessGroup
+from ..core.groups import ProcessGroup
 from . import api
 from .columns import Call, InputError, parse
 from .result import GroupByResult

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
-from ..groups import ProcessGroup
+from ..core import errors
+from ..core.groups import ProcessGroup
 from .columns import KEY_KINDS, VALUE_KINDS, Call
 
 

@@ -3,7 +3,7 @@
 torch calls the registered creator once per group, on the group's members only, with the
 global ranks of the group (none for the default group). The default group gets a
 duplicate of mpidist's world communicator; a subgroup is made as mpidist makes its own
-(:func:`mpidist.groups.create`: ``MPI_Comm_create_group`` over the members of the world).
+(:func:`mpidist.core.groups.create`: ``MPI_Comm_create_group`` over the members of the world).
 
 Each method converts torch's options (root rank, ``ReduceOp``) and calls the mpidist
 collective on the group's :class:`mpidist.ProcessGroup`. A call torch makes synchronously
@@ -23,11 +23,14 @@ import torch
 import torch.autograd.profiler as _profiler
 import torch.distributed as tdist
 
-from .. import collectives, errors, exchange, failure, groups, p2p
-from .. import world as mworld
-from ..groups import ProcessGroup as MpiGroup
-from ..ops import ReduceOp, make_premul_sum
-from ..waiting import seconds
+from ..calls import collectives, exchange, p2p
+from ..calls.ops import ReduceOp, make_premul_sum
+from ..checks import debug, failure
+from ..core import errors, faults, groups
+from ..core.groups import ProcessGroup as MpiGroup
+from ..core.waiting import seconds
+from ..start import shrink
+from ..start import world as mworld
 from . import overlap, profiling
 from . import work as twork
 
@@ -59,7 +62,7 @@ def _nbytes(tensors: Sequence[Any]) -> int:
 
 
 class MpidistProcessGroup(tdist.ProcessGroup):
-    """A torch process group on one mpidist :class:`~mpidist.groups.ProcessGroup`.
+    """A torch process group on one mpidist :class:`~mpidist.core.groups.ProcessGroup`.
 
     ``mpi_group`` is the mpidist group (``mpi_group.comm`` the raw communicator).
     """
@@ -266,9 +269,40 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         """Free the communicator (torch calls it from ``destroy_process_group``)."""
         if self.mpi_group.comm is not None:
             groups.free(self.mpi_group)
+        faults.forget(self.mpi_group)
 
     def abort(self) -> None:
+        """End the group now (torch's ``_abort_process_group``, ``DeviceMesh`` abort): under ULFM
+        the communicator is revoked first, so calls pending on it fail on every member."""
+        comm = self.mpi_group.comm
+        if comm is not None and faults.ENABLED:
+            try:
+                comm.Revoke()
+            except Exception:  # noqa: BLE001 - already revoked: the end is the same
+                pass
         self.shutdown()
+
+    @property
+    def supports_shrinking(self) -> bool:
+        """``torch.distributed.shrink_group`` works on this backend."""
+        return True
+
+    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0,
+               opts: Any = None) -> MpidistProcessGroup:
+        """The backend of the group without ``ranks_to_exclude`` (group ranks), for torch's
+        ``shrink_group``: :func:`mpidist.shrink_group` on this group's communicator. For the
+        default group, mpidist's world shrinks too (torch's default group is a duplicate of it),
+        and the new backend is a duplicate of the shrunk world."""
+        g = self.mpi_group
+        if g.group_desc != "default_pg":
+            new = shrink.shrink_group(list(ranks_to_exclude), g, shrink_flags)
+            return MpidistProcessGroup(new, new._rank, new._size)
+        # the world has the same members: once they agreed on the dead here, it shrinks at once
+        world = shrink.shrink_group(list(ranks_to_exclude), None, shrink_flags,
+                                    _failed=faults.failed_ranks(g) is not None)
+        self.shutdown()
+        new = groups.duplicate(world, self._name, "default_pg", g.timeout)
+        return MpidistProcessGroup(new, new._rank, new._size)
 
 
 def _world(opts: Any) -> MpiGroup:
@@ -291,6 +325,7 @@ def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
     ranks = list(opts.global_ranks_in_group)
     name, desc = str(opts.group_id), "default_pg" if not ranks else "undefined"
     if not ranks:
+        debug.set_debug_level_from_torch_env()
         pg = groups.duplicate(_world(opts), name, desc, timeout)
         failure.install_for_torch()
     else:

@@ -4,7 +4,7 @@ torch marks DDP's bucket all-reduces asynchronous. Running one as the nonblockin
 (completed by the progress thread) lets backward go on while the bytes travel; running it
 blocking saves the hand-off to the progress thread. Which pays depends on what limits the
 step, and the group knows the one fact that decides it: how many nodes it spans
-(:func:`mpidist.nodecount.nodes`, ``MPI_COMM_TYPE_SHARED``).
+(:func:`mpidist.core.topology.node_count`, ``MPI_COMM_TYPE_SHARED``).
 
 * One node: memory moves the bytes faster than backward produces them, and backward and
   MPI compete for the same cores, so calls up to :data:`ONE_NODE` bytes block
@@ -24,7 +24,7 @@ import os
 
 from mpi4py import MPI
 
-from .. import nodecount
+from ..core import topology
 
 #: One node: asynchronous calls of at most this many bytes run the blocking MPI call.
 ONE_NODE = 64 << 20
@@ -50,4 +50,4 @@ def sync_bytes(comm: MPI.Comm, override: int | None) -> int:
     """
     if override is not None:
         return override
-    return choose(nodecount.nodes(comm))
+    return choose(topology.node_count(comm))

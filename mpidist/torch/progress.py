@@ -1,14 +1,15 @@
 """Completion of nonblocking torch work: one progress thread that tests pending MPI requests.
 
-DDP waits on ``work.get_future()`` from C++, so a torch future must complete without
-anybody calling ``wait()``. One daemon thread per process tests the pending mpidist
-works (``MPI_Testall`` through ``mpidist.Work.is_completed``) with a sleep that starts
-short and doubles while nothing finishes, so it never spins a core of an oversubscribed
-machine; a new submission wakes it at once. Threads that wait on a work take part in
-the polling (whoever holds the poll lock tests), and futures are completed outside that
-lock so a callback may itself wait on other work. Whoever polls also ends pending work past
-its group's timeout, or on a peer's notice, as mpidist's own calls end
-(:func:`mpidist.timeouts.expired`): the future gets the error, so DDP, which waits on futures
+DDP waits on ``work.get_future()`` from C++, so a torch future must complete without anybody
+calling ``wait()``. One daemon thread per process tests the pending mpidist works (``MPI_Testall``
+through ``mpidist.Work.is_completed``): a few times yielding the core after each submission or
+completion (a small call completes within microseconds), then with a sleep that starts short and
+doubles while nothing finishes, so it never spins a core that backward's threads or an
+oversubscribed peer need; a new submission wakes it at once. Threads that wait on a work take part
+in the polling (whoever holds the poll lock tests), and futures are completed outside that lock so
+a callback may itself wait on other work. Whoever polls also ends pending work past its group's
+timeout, or on a peer's notice, as mpidist's own calls end
+(:func:`mpidist.core.timeouts.expired`): the future gets the error, so DDP, which waits on futures
 from C++, raises as under gloo.
 """
 
@@ -20,12 +21,16 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from .. import errors
-from ..work import Work as MpiWork
+from ..core import errors
+from ..core.work import Work as MpiWork
 
 #: First and longest pause between two tests of the pending requests (seconds).
 FIRST_PAUSE = float(os.environ.get("MPIDIST_TORCH_POLL_MIN", "20e-6"))
 MAX_PAUSE = float(os.environ.get("MPIDIST_TORCH_POLL_MAX", "500e-6"))
+#: Polls after a submission or a completion that yield the core (``sched_yield``) instead of
+#: sleeping, as the bounded wait's first tests do (:data:`mpidist.core.timeouts.QUICK_TESTS`):
+#: few, since the thread runs beside backward's compute.
+QUICK_POLLS = 8
 #: Work pending for longer than this (seconds) is checked against its group's timeout and for
 #: peers' notices at each poll; younger work is only tested.
 CHECK_AFTER = 0.05
@@ -64,7 +69,7 @@ class Pending:
 
     def expired(self) -> bool:
         """``True`` once the group's timeout has passed (or a peer gave up): then the error is
-        :class:`~mpidist.timeouts.GroupTimeoutError`, the peers were told and the group is broken."""
+        :class:`~mpidist.core.timeouts.GroupTimeoutError`, the peers were told and the group is broken."""
         if not self.works or time.monotonic() - self.start < CHECK_AFTER:
             return False
         error = self.works[0].expired(self.start, self.works)
@@ -122,22 +127,28 @@ class Engine:
 
     def _run(self) -> None:
         pause = FIRST_PAUSE
+        quick = 0  # polls since the last submission or completion, each followed by a yield
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
                     self._cv.wait()
-                    pause = FIRST_PAUSE
+                    pause, quick = FIRST_PAUSE, 0
                 if self._stop:
                     return
             before = len(self._pending)
             self.poll()
+            if len(self._pending) < before:
+                pause, quick = FIRST_PAUSE, 0
+            if quick < QUICK_POLLS:
+                # as the bounded wait: a small call completes within microseconds of its submission
+                quick += 1
+                os.sched_yield()
+                continue
             with self._cv:
-                if len(self._pending) < before:
-                    pause = FIRST_PAUSE
-                elif self._pending and not self._stop:
+                if self._pending and not self._stop:
                     # a submission notifies and cuts the pause short
                     if self._cv.wait(pause):
-                        pause = FIRST_PAUSE
+                        pause, quick = FIRST_PAUSE, 0
                     else:
                         pause = min(pause * 2, MAX_PAUSE)
 

@@ -5,7 +5,8 @@ launcher all of it follows from MPI: :func:`install` wraps torch's ``env://`` ha
 that, when ``MASTER_ADDR``/``MASTER_PORT`` are not set, rank 0 starts a ``TCPStore`` on a
 free port and broadcasts its address with ``MPI_Bcast``. Rank and size come from
 ``MPI_COMM_WORLD``; a ``RANK``/``WORLD_SIZE`` (variable or argument) that disagrees with
-MPI raises ``ValueError``. With the variables set, torch's own handler runs unchanged.
+MPI raises ``ValueError``, in a job of several ranks on every rank at once (also when the
+variables are set: then torch's own handler runs after the check).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from .. import errors
+from ..core import errors
 
 CALL = "init_process_group"
 
@@ -46,15 +47,49 @@ def _stated(url: str) -> dict[str, int]:
     return out
 
 
-def check_identity(rank: int, world_size: int) -> None:
-    """``rank``/``world_size`` (``-1``: not stated) must equal MPI's."""
+def identity_problem(rank: int, world_size: int) -> str | None:
+    """Why ``rank``/``world_size`` (``-1``: not stated) contradict MPI's, else ``None``."""
     me, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     for what, value, actual in (("world_size", world_size, size), ("rank", rank, me)):
         if value not in (-1, None) and value != actual:
-            raise errors.value_error(
-                CALL, f"{what}={value} disagrees with MPI, which gives this process {what}={actual}; "
-                "MPI is the source of truth (start the job with mpiexec -n N, or drop the setting)"
-            )
+            return (f"{what}={value} disagrees with MPI, which gives this process {what}={actual}; "
+                    + _fix(rank, world_size))
+    return None
+
+
+def _fix(rank: int, world_size: int) -> str:
+    """How to get out of a contradiction: Slurm's proxy step under mpiexec is the usual cause."""
+    if os.environ.get("SLURM_PROCID") is not None and MPI.COMM_WORLD.Get_size() > 1 and \
+            (str(rank), str(world_size)) == (os.environ["SLURM_PROCID"], os.environ.get("SLURM_NTASKS")):
+        return (f"these are SLURM_PROCID={rank} and SLURM_NTASKS={world_size}, which under mpiexec inside "
+                "an allocation describe mpiexec's own launch step, not the ranks (Lightning's "
+                "SLURMEnvironment reads them). Start the ranks with `srun --mpi=pmi2 python ...`, or "
+                "keep mpiexec and call mpidist.torch.use_for_cpu() first (or run the script through "
+                "`python -m mpidist.run`), or give Lightning "
+                "plugins=[mpidist.integrations.lightning.MpidistEnvironment()]")
+    return ("MPI is the source of truth (start the job with mpiexec -n N, or drop the setting)")
+
+
+def check_identity(rank: int, world_size: int) -> None:
+    """``rank``/``world_size`` (``-1``: not stated) must equal MPI's; ``ValueError`` on this rank."""
+    problem = identity_problem(rank, world_size)
+    if problem is not None:
+        raise errors.value_error(CALL, problem)
+
+
+def agree_identity(rank: int, world_size: int) -> None:
+    """:func:`check_identity` on every rank at once: ``ValueError`` everywhere when any rank's is wrong.
+
+    Collective over ``MPI_COMM_WORLD`` (``MPI_Allgather``): a rank whose own values are right
+    must not walk on into a rendezvous its peers never reach.
+    """
+    problems = MPI.COMM_WORLD.allgather(identity_problem(rank, world_size))
+    bad = [r for r, p in enumerate(problems) if p is not None]
+    if not bad:
+        return
+    mine = problems[MPI.COMM_WORLD.Get_rank()]
+    raise errors.value_error(CALL, mine or f"rank(s) {', '.join(map(str, bad))} were given a rank or world "
+                             f"size that contradicts MPI; rank {bad[0]}: {problems[bad[0]]}")
 
 
 def export_environment() -> None:
@@ -84,7 +119,7 @@ def mpi_store(timeout: timedelta) -> Any:
     """
     from torch.distributed import TCPStore
 
-    from .. import netaddr
+    from . import netaddr
 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
@@ -118,11 +153,16 @@ def mpi_store(timeout: timedelta) -> Any:
 
 
 def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
+    stated = _stated(url)
+    rank, world_size = stated.get("rank", -1), stated.get("world_size", -1)
+    if MPI.COMM_WORLD.Get_size() > 1:
+        # before any store is started: ranks that all believe they are rank 0 (Slurm's variables
+        # under mpiexec) would otherwise race for one port and train apart
+        agree_identity(rank, world_size)
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         yield from _original(url, timeout=timeout, **kwargs)
         return
-    stated = _stated(url)
-    check_identity(stated.get("rank", -1), stated.get("world_size", -1))
+    check_identity(rank, world_size)
     export_environment()
     store = mpi_store(timeout)
     yield store, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()

@@ -20,12 +20,15 @@ The store comes from ``env://``: the ``MASTER_ADDR``/``MASTER_PORT`` set (for in
 (:mod:`mpidist.torch.rendezvous`). Then one ``barrier`` on the new group.
 
 :func:`map_cpu_backend_to_mpidist` (``mpidist.run --backend-for-cpu mpidist``) makes this
-process's ``torch.distributed.init_process_group`` run gloo's part on ``"mpidist"``.
+process's ``torch.distributed.init_process_group`` run gloo's part on ``"mpidist"``, and rank 0
+says so in one line when the group is up. :func:`use_for_cpu` is the same switch from inside
+a script, with the rest of what ``mpidist.run`` does before a script starts.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any, Callable
 
@@ -33,10 +36,13 @@ import torch
 import torch.distributed as tdist
 from mpi4py import MPI
 
-from .. import errors, failure
+from ..checks import failure
+from ..core import errors
+from ..start import launcher, torchrun_env
 from . import backend as _backend
 
 CALL = "init_distributed_mode"
+USE_FOR_CPU = "use_for_cpu"
 
 
 def _own_gpu(device: str, local_world_size: int) -> bool:
@@ -111,6 +117,29 @@ def _mapped(backend: Any) -> Any:
     return ",".join(f"{d}:{_backend.NAME if b.strip().lower() == 'gloo' else b}" for d, b in pairs)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def announcement(requested: Any, comm: MPI.Intracomm | None = None) -> str:
+    """The line rank 0 prints when ``requested`` runs on mpidist, e.g.
+    ``"gloo" requested: running on mpidist over MPI (MPICH 5.0.2, 4 ranks on 1 node)``.
+
+    Collective over ``comm`` (default ``MPI_COMM_WORLD``): the node count comes from
+    ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``.
+    """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    num_nodes = launcher.node_layout(comm)[3]
+    vendor, version = MPI.get_vendor()
+    where = (f"over MPI ({vendor} {'.'.join(map(str, version))}, {_plural(comm.Get_size(), 'rank')} on "
+             f"{_plural(num_nodes, 'node')})")
+    if requested is None:
+        return f"no backend requested on a host without an accelerator: running on mpidist {where}"
+    if ":" not in requested:
+        return f'"{requested}" requested: running on mpidist {where}'
+    return f'"{requested}" requested: its CPU part runs on mpidist {where}'
+
+
 def map_cpu_backend_to_mpidist() -> Callable[..., Any]:
     """Make ``torch.distributed.init_process_group`` put gloo's work on ``"mpidist"`` (this process).
 
@@ -118,7 +147,9 @@ def map_cpu_backend_to_mpidist() -> Callable[..., Any]:
     ``"cpu:mpidist,cuda:nccl"``, and no backend (with no ``device_id``) on a host without
     an accelerator becomes ``"mpidist"``; anything else is passed on as written. Replaces
     the function in ``torch.distributed`` and in each loaded ``torch.distributed`` module
-    that imported it. Returns the wrapper (idempotent).
+    that imported it. When a requested backend was mapped, rank 0 prints
+    :func:`announcement` to stderr once the group is up, so that a log where a library
+    still says gloo is not misread. Returns the wrapper (idempotent).
     """
     original = tdist.distributed_c10d.init_process_group
     if getattr(original, "__mpidist_mapped__", False):
@@ -128,7 +159,14 @@ def map_cpu_backend_to_mpidist() -> Callable[..., Any]:
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         if backend is None and kwargs.get("device_id") is not None:
             return original(backend, *args, **kwargs)
-        return original(_mapped(backend), *args, **kwargs)
+        mapped = _mapped(backend)
+        out = original(mapped, *args, **kwargs)
+        if mapped != backend:
+            line = announcement(backend)
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+        return out
 
     init_process_group.__mpidist_mapped__ = True  # type: ignore[attr-defined]
     for name, module in list(sys.modules.items()):
@@ -136,3 +174,52 @@ def map_cpu_backend_to_mpidist() -> Callable[..., Any]:
                 getattr(module, "init_process_group", None) is original:
             module.init_process_group = init_process_group  # type: ignore[attr-defined]
     return init_process_group
+
+
+def use_for_cpu() -> None:
+    """Run torch.distributed's CPU backend on mpidist: ``--backend-for-cpu mpidist`` inside a script.
+
+    For programs that ``python -m mpidist.run`` cannot wrap (notebooks, ``accelerate
+    launch``, a site's own launcher) and for libraries that insist on ``"gloo"`` (accelerate,
+    Lightning's default): call it on every rank before the library starts
+    torch.distributed, and start the job with ``mpiexec``/``mpirun``/``srun --mpi=pmi2``;
+    no launcher variables are needed.
+
+    Collective over ``MPI_COMM_WORLD``. It does, in this process, what ``mpidist.run
+    --backend-for-cpu mpidist`` does before it runs a script:
+
+    - refuses the singleton trap (the launcher started several processes, MPI sees a world
+      of one);
+    - sets torchrun's variables from MPI (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+      ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` agreed over MPI, ...;
+      see :mod:`mpidist.start.torchrun_env`), so that a library that reads them (accelerate,
+      Lightning's ``TorchElasticEnvironment``) sees MPI's layout, not Slurm's or none; a value
+      already set that contradicts MPI makes every rank raise ``RuntimeError``;
+    - makes ``init_process_group("gloo")`` (and gloo's part of ``"cpu:gloo,cuda:nccl"``, and
+      an unnamed backend on a CPU-only host) run on ``"mpidist"``
+      (:func:`map_cpu_backend_to_mpidist`); rank 0 says so in one line at init;
+    - on a host without an accelerator, sets ``ACCELERATE_USE_CPU=true`` unless it is set
+      (what ``accelerate launch --cpu`` sets): accelerate's ``Accelerator`` and the HF
+      ``Trainer`` otherwise see ``LOCAL_RANK``, look for a GPU, find none and train one copy
+      per rank;
+    - ends the job when a rank raises uncaught or exits early (``MPI_Abort``), unless
+      ``MPIDIST_ABORT_ON_ERROR=0``.
+
+    Raises ``RuntimeError`` when torch.distributed is already initialised (it would come too
+    late). Example::
+
+        import mpidist.torch
+        mpidist.torch.use_for_cpu()           # first, on every rank
+        trainer = transformers.Trainer(...)   # ddp_backend "gloo" or unset
+    """
+    if tdist.is_initialized():
+        raise errors.runtime_error(
+            USE_FOR_CPU, f"torch.distributed is already initialised (backend {tdist.get_backend()!r}); "
+            "call use_for_cpu() before anything starts it")
+    launcher.check_not_singleton_trap(USE_FOR_CPU)
+    comm = MPI.COMM_WORLD
+    torchrun_env.export(torchrun_env.torchrun_environment(comm, USE_FOR_CPU))
+    if torch.accelerator.current_accelerator() is None:
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+    map_cpu_backend_to_mpidist()
+    failure.install_for_torch()

@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as tdist
 
-from ..waiting import seconds
-from ..work import Work as MpiWork
+from ..core.waiting import seconds
+from ..core.work import Work as MpiWork
 from .progress import Pending, engine
 
 

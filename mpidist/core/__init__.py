@@ -1,0 +1,12 @@
+"""The core: what every call stands on.
+
+Errors (:mod:`.errors`), the call registry (:mod:`.registry`: each call's facts, declared where
+it is defined), process groups and their communicators (:mod:`.groups`, :mod:`.subgroups`,
+:mod:`.topology`), the tag layout (:mod:`.tags`), buffers (:mod:`.buffers`: any array to what
+MPI sees), ``Work`` (:mod:`.work`), the one backoff (:mod:`.waiting`), the bounded wait every
+call ends in (:mod:`.timeouts`) and rank lists in reports (:mod:`.ranklists`). Beside it, at the
+same level, :mod:`mpidist.gpu` (device buffers).
+
+Imports: the standard library, numpy, mpi4py and :mod:`mpidist.gpu`; nothing else of mpidist.
+Importing this package imports none of its modules.
+"""

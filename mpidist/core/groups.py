@@ -1,0 +1,313 @@
+"""Process groups as MPI communicators: the group object, resolution and rank translation.
+
+A :class:`ProcessGroup` is one MPI intracommunicator plus the global ranks of its
+members, in group-rank order. :func:`create` is the one way a group of chosen ranks is
+made (for mpidist's API in :mod:`mpidist.core.subgroups` and for the torch backend alike).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from datetime import timedelta
+from typing import Any, Sequence
+
+from mpi4py import MPI
+
+from . import errors
+
+
+class ProcessGroup:
+    """One MPI communicator and the global ranks of its members.
+
+    ``comm`` is the raw ``mpi4py`` communicator (use it for anything mpidist lacks);
+    ``ranks`` lists the members' global ranks, indexed by group rank. ``seq`` counts the
+    calls issued on the group; ``broken`` says why the group can no longer be used (a call
+    timed out, :mod:`mpidist.core.timeouts`), else ``None``.
+    """
+
+    __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
+                 "timeout", "seq", "broken", "_abandoned", "signatures", "__weakref__")
+
+    def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
+                 timeout: timedelta | None) -> None:
+        self.comm = comm
+        self.ranks = tuple(ranks)
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._to_group = {g: i for i, g in enumerate(self.ranks)}
+        self.group_name = name
+        self.group_desc = desc
+        self.timeout = timeout
+        self.seq = 0
+        self.broken: str | None = None
+        self._abandoned: list[Any] = []  # requests and buffers of calls given up on
+        self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
+
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return self._size
+
+    def name(self) -> str:
+        """The backend name, as torch's ``ProcessGroup.name()``."""
+        return "mpi"
+
+    @property
+    def bound_device_id(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.comm is None else f"rank {self._rank}/{self._size}"
+        return f"<mpidist.ProcessGroup {self.group_name!r} ranks={list(self.ranks)} {state}>"
+
+
+class _NonGroupMember:
+    """What a rank outside a group gets from ``new_group``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+class GroupMember:
+    """torch's sentinels: ``WORLD`` is the default group once initialised."""
+
+    WORLD: ProcessGroup | None = None
+    NON_GROUP_MEMBER = _NonGroupMember()
+
+
+class group:  # noqa: N801 - torch spells it ``dist.group.WORLD``
+    """``group.WORLD`` is the default process group (``None`` before init)."""
+
+    WORLD: ProcessGroup | None = None
+
+
+class _Registry:
+    """The live groups of this process. ``world`` is ``None`` outside init/destroy."""
+
+    world: ProcessGroup | None = None
+    live: dict[int, ProcessGroup] = {}
+    names: dict[tuple[int, ...], int] = {}
+    was_destroyed = False
+    generation = 0  # how many times the world was made (the same count on every rank)
+    hosts: list[str] = []  # host name of each global rank, gathered at init
+
+
+registry = _Registry()
+
+
+def _not_initialized(call: str) -> RuntimeError:
+    if registry.was_destroyed:
+        fix = "the default process group was destroyed; call init_process_group() again first"
+    else:
+        fix = "the default process group is not initialized; call init_process_group() first"
+    return errors.runtime_error(call, fix)
+
+
+def world(call: str) -> ProcessGroup:
+    """The default group, or ``RuntimeError`` saying how to create it."""
+    pg = registry.world
+    if pg is None:
+        raise _not_initialized(call)
+    return pg
+
+
+def _unusable(pg: ProcessGroup, call: Any) -> RuntimeError:
+    if pg.broken is not None:
+        return errors.runtime_error(call, f"process group {pg.group_name!r} is broken: {pg.broken}")
+    if registry.world is None:
+        return _not_initialized(call)
+    return errors.runtime_error(call, f"process group {pg.group_name!r} was destroyed")
+
+
+def resolve(grp: Any, call: Any) -> ProcessGroup:
+    """The group a call runs on: ``None`` is the default group; non-members are refused."""
+    if grp is None:
+        pg = registry.world
+        if pg is None:
+            raise _not_initialized(call)
+        if pg.comm is None:
+            raise _unusable(pg, call)
+        return pg
+    if type(grp) is ProcessGroup:
+        if grp.comm is None:
+            raise _unusable(grp, call)
+        return grp
+    if grp is GroupMember.NON_GROUP_MEMBER:
+        world(call)
+        raise errors.value_error(
+            call, "this rank is not a member of the group (new_group returned NON_GROUP_MEMBER)"
+        )
+    raise errors.type_error(call, f"group must be a ProcessGroup or None, got {grp!r}")
+
+
+def _as_rank(value: Any, call: str, what: str) -> int:
+    if isinstance(value, bool):
+        raise errors.type_error(call, f"{what} must be an int rank, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise errors.type_error(call, f"{what} must be an int rank, got {value!r}") from None
+
+
+def group_rank_of(pg: ProcessGroup, global_rank: Any, grp_rank: Any, call: str, what: str) -> int:
+    """The group rank meant by ``what=global_rank`` or ``group_<what>=grp_rank``.
+
+    torch's rule: exactly one of the two is given; global ranks must be members.
+    """
+    if grp_rank is not None:
+        if global_rank is not None:
+            raise errors.value_error(
+                call, f"pass {what} (global rank) or group_{what} (group rank), not both"
+            )
+        r = _as_rank(grp_rank, call, f"group_{what}")
+        if not 0 <= r < pg._size:
+            raise errors.value_error(
+                call, f"group_{what}={r} is out of range for a group of size {pg._size}"
+            )
+        return r
+    if global_rank is None:
+        raise errors.value_error(
+            call, f"{what} (a global rank) or group_{what} (a group rank) is required"
+        )
+    g = _as_rank(global_rank, call, what)
+    r = pg._to_group.get(g)
+    if r is None:
+        raise errors.value_error(
+            call, f"{what}={g} is not a member of the group (global ranks {list(pg.ranks)})"
+        )
+    return r
+
+
+def _next_name(ranks: Sequence[int]) -> str:
+    """A name every member agrees on: a hash of the members' global ranks and a count.
+
+    The count is how many groups of exactly these ranks this rank made before; members
+    always create their groups together, so their counts agree even when other ranks
+    (non-members, or ranks outside a subgroup being split) take no part.
+    """
+    key = tuple(ranks)
+    count = registry.names.get(key, 0)
+    registry.names[key] = count + 1
+    return f"{hashlib.blake2b(repr(key).encode(), digest_size=4).hexdigest()}.{count}"
+
+
+def _new(comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str | None,
+         timeout: timedelta | None) -> ProcessGroup:
+    pg = ProcessGroup(comm, ranks, name, desc or "undefined", timeout)
+    registry.live[id(pg)] = pg
+    return pg
+
+
+def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
+    """The default group: a duplicate of ``MPI_COMM_WORLD`` (never the user's own handle)."""
+    registry.names = {}
+    registry.generation += 1
+    comm = MPI.COMM_WORLD.Dup()
+    registry.hosts = comm.allgather(MPI.Get_processor_name())
+    return _new(comm, range(comm.Get_size()), name or "default_pg", "default_pg", timeout)
+
+
+def free(pg: ProcessGroup) -> None:
+    """Release the communicator of ``pg``; the group object stays, marked destroyed."""
+    comm, pg.comm = pg.comm, None
+    registry.live.pop(id(pg), None)
+    if comm is not None and not MPI.Is_finalized():
+        try:
+            comm.Free()
+        except MPI.Exception:
+            pass  # revoked under ULFM: the group is gone either way
+
+
+def break_group(pg: ProcessGroup, abandoned: Any, reason: str | None = None) -> None:
+    """Mark ``pg`` unusable after a call on it was given up; keep ``abandoned`` alive.
+
+    The communicator is set aside, not freed: MPI cannot cancel a collective, and the
+    abandoned requests may still read or write their buffers.
+    """
+    if pg.broken is None:
+        pg.broken = reason or f"a call on it timed out (after call #{pg.seq})"
+    pg._abandoned.append((pg.comm, abandoned))
+    pg.comm = None
+    registry.live.pop(id(pg), None)
+
+
+def check_backend(backend: Any, call: str) -> None:
+    """Refuse any backend but ``"mpi"`` (any case; ``None`` means the default, ``"mpi"``)."""
+    if backend is not None and (not isinstance(backend, str) or backend.lower() != "mpi"):
+        raise errors.value_error(
+            call, f"backend {backend!r} is not supported; the supported backend is 'mpi'"
+        )
+
+
+def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: timedelta | None,
+           name: str | None = None) -> ProcessGroup | _NonGroupMember:
+    """Group of ``members`` (group ranks of ``parent``); only members take part in MPI.
+
+    The one way mpidist makes a group of chosen ranks, for its own API and the torch backend
+    alike: ``MPI_Comm_create_group`` on the parent's communicator with a fixed tag. The tag
+    only tells apart creations that run at the same time on one rank; a rank creates its
+    groups one after another, and the members of a group create it in the same order.
+    """
+    if parent._rank not in members:
+        return GroupMember.NON_GROUP_MEMBER
+    ranks = [parent.ranks[r] for r in members]
+    return _new(create_comm(parent.comm, members), ranks, name or _next_name(ranks), desc, timeout)
+
+
+def create_comm(parent: MPI.Intracomm, members: Sequence[int]) -> MPI.Intracomm:
+    """``MPI_Comm_create_group`` of ``parent``'s ranks ``members``; only they call it."""
+    parent_group = parent.Get_group()
+    sub = parent_group.Incl(list(members))
+    try:
+        return parent.Create_group(sub, tag=0)
+    finally:
+        sub.Free()
+        parent_group.Free()
+
+
+def duplicate(pg: ProcessGroup, name: str, desc: str | None, timeout: timedelta | None) -> ProcessGroup:
+    """A new group of the same ranks as ``pg`` on a duplicate of its communicator (``MPI_Comm_dup``)."""
+    return _new(pg.comm.Dup(), pg.ranks, name, desc, timeout)
+
+
+def _member(grp: Any, call: str) -> ProcessGroup:
+    if grp is None or grp is GroupMember.WORLD:
+        return world(call)
+    return resolve(grp, call)
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:  # noqa: A002
+    """The group rank of ``global_rank`` in ``group``; ``ValueError`` if not a member."""
+    call = "get_group_rank"
+    pg = _member(group, call)
+    g = _as_rank(global_rank, call, "global_rank")
+    r = pg._to_group.get(g)
+    if r is None:
+        raise errors.value_error(call, f"global rank {g} is not part of group {pg.group_name!r}")
+    return r
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:  # noqa: A002
+    """The global rank of ``group_rank`` in ``group``."""
+    call = "get_global_rank"
+    pg = _member(group, call)
+    r = _as_rank(group_rank, call, "group_rank")
+    if not 0 <= r < pg._size:
+        raise errors.value_error(
+            call, f"group rank {r} is out of range for group {pg.group_name!r} of size {pg._size}"
+        )
+    return pg.ranks[r]
+
+
+def get_process_group_ranks(group: Any) -> list[int]:  # noqa: A002
+    """The global ranks of ``group``'s members, in group-rank order."""
+    return list(_member(group, "get_process_group_ranks").ranks)

@@ -1,0 +1,182 @@
+"""The call registry: each public call's facts, declared once where the call is defined.
+
+A call is declared with :func:`define`, a decorator on its function::
+
+    @define(fingerprint=tensor_and_op, gpu_direct=True, reducing=True)
+    def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False): ...
+
+The facts (:class:`Call`) are what the cross-cutting concerns read: debug mode's
+fingerprint, whether device buffers may go to a CUDA-aware MPI as they are, whether the
+call reduces (16-bit payloads are then summed on the host), which argument names the group,
+and whether the call bounds its own wait. None of them looks a call up by its name string.
+
+:func:`define` returns a function with the same signature that runs the call directly, or,
+while a hook is set (debug mode), hands the call and its arguments to the hook. The facts
+travel with the call: functions pass their :class:`Call` where they used to pass the name,
+and it prints as the name in every error message.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import CodeType, FrameType
+from typing import Any, Callable
+
+#: Facts about a call's arguments that debug mode compares across ranks:
+#: ``fingerprint(pg, args) -> ({field: text}, counts or None)``.
+Fingerprint = Callable[[Any, dict], tuple]
+
+
+class Call:
+    """One public call and its facts.
+
+    ``name`` is torch's name; ``fingerprint`` describes what must agree across ranks (``None``:
+    the call is not a collective and debug mode does not check it); ``gpu_direct``: device
+    buffers may go to a CUDA-aware MPI as they are; ``reducing``: 16-bit payloads are reduced
+    by mpidist on the host; ``group_arg``: the parameter that names the group; ``bounded``:
+    the call bounds its own wait (the stall watch leaves it alone); ``signature``: the names of
+    the values the call records for the default cross-rank check (:mod:`mpidist.checks.signature`).
+    """
+
+    __slots__ = ("name", "fingerprint", "gpu_direct", "reducing", "group_arg", "bounded", "signature",
+                 "function")
+
+    def __init__(self, name: str, fingerprint: Fingerprint | None = None, gpu_direct: bool = False,
+                 reducing: bool = False, group_arg: str = "group", bounded: bool = False,
+                 signature: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.fingerprint = fingerprint
+        self.signature = signature
+        self.gpu_direct = gpu_direct
+        self.reducing = reducing
+        self.group_arg = group_arg
+        self.bounded = bounded
+        self.function: Callable[..., Any] | None = None
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
+    def __repr__(self) -> str:
+        return f"<mpidist call {self.name}>"
+
+
+#: Every declared call, by name (for tools and tests; the library passes :class:`Call` objects).
+REGISTRY: dict[str, Call] = {}
+#: The code objects of declared calls' bodies, for the watchers that sample stacks.
+_CODES: dict[CodeType, Call] = {}
+
+
+Hook = Callable[[Call, Callable[..., Any], dict], Any]
+#: The globals of every generated entry: each reads the hook as its global ``_hook``, the
+#: cheapest lookup there is on the path every call takes.
+_SCOPES: list[dict[str, Any]] = []
+#: The hooks in force, by owner ("debug", "flight"), outermost first.
+_LAYERS: dict[str, Hook] = {}
+
+
+def hook() -> Hook | None:
+    """The hook every declared call runs through (debug mode, the flight recorder), or ``None``."""
+    return _SCOPES[0]["_hook"] if _SCOPES else _compose()
+
+
+def _compose() -> Hook | None:
+    layers = list(_LAYERS.values())
+    if not layers:
+        return None
+    if len(layers) == 1:
+        return layers[0]
+
+    def run(call: Call, body: Callable[..., Any], args: dict) -> Any:
+        def inner(i: int, a: dict) -> Any:
+            if i == len(layers):
+                return body(**a)
+            return layers[i](call, lambda **kw: inner(i + 1, kw), a)
+        return inner(0, args)
+    return run
+
+
+def set_hook(owner: str, run: Hook | None) -> None:
+    """Route every declared call through ``run(call, body, arguments)`` (``None`` removes it).
+
+    Each ``owner`` (debug mode, the flight recorder) has one hook; several are stacked.
+    """
+    if run is None:
+        _LAYERS.pop(owner, None)
+    else:
+        _LAYERS[owner] = run
+    composed = _compose()
+    for scope in _SCOPES:
+        scope["_hook"] = composed
+
+
+def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
+    """A function with ``body``'s exact signature that checks the hook, then runs ``body``.
+
+    Generated rather than written with ``*args, **kwargs``: keyword and positional calls keep
+    torch's signature, and the common case pays one plain call.
+    """
+    sig = inspect.signature(body)
+    params, names = [], []
+    defaults: dict[str, Any] = {}
+    for p in sig.parameters.values():
+        if p.default is p.empty:
+            params.append(p.name)
+        else:
+            defaults[f"_d_{p.name}"] = p.default
+            params.append(f"{p.name}=_d_{p.name}")
+        names.append(p.name)
+    args = ", ".join(names)
+    src = (f"def {body.__name__}({', '.join(params)}):\n"
+           f"    if _hook is not None:\n"
+           f"        return _hook(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
+           f"    return _body({args})\n")
+    scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, **defaults}
+    _SCOPES.append(scope)
+    exec(compile(src, f"<mpidist.core.registry {body.__name__}>", "exec"), scope)  # noqa: S102
+    fn = scope[body.__name__]
+    fn.__doc__, fn.__module__, fn.__qualname__ = body.__doc__, body.__module__, body.__qualname__
+    fn.__annotations__ = body.__annotations__
+    fn.__wrapped__ = body
+    fn.call = call
+    return fn
+
+
+def define(name: str | None = None, *, fingerprint: Fingerprint | None = None,
+           gpu_direct: bool = False, reducing: bool = False, group_arg: str = "group",
+           bounded: bool = False, hooked: bool = True,
+           signature: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
+    """Declare the decorated function as a call with these facts (see :class:`Call`).
+
+    With ``hooked`` (the default) the function is wrapped so that debug mode sees it; calls
+    that are parts of other calls, or that never communicate as a collective, pass ``False``.
+    The function's :class:`Call` is its ``call`` attribute.
+    """
+    def declare(body: Callable[..., Any]) -> Any:
+        call = Call(name or body.__name__, fingerprint, gpu_direct, reducing, group_arg, bounded,
+                    signature)
+        REGISTRY[call.name] = call
+        _CODES[body.__code__] = call
+        fn = _entry(body, call) if hooked else body
+        call.function = fn
+        body.call = call
+        return fn
+    return declare
+
+
+def of(name: str) -> Call:
+    """The :class:`Call` declared as ``name`` (``KeyError`` if none)."""
+    return REGISTRY[name]
+
+
+def outermost_call(frame: FrameType | None) -> tuple[Call, FrameType] | None:
+    """The outermost declared call on the stack that ends in ``frame``, and its frame."""
+    found = None
+    while frame is not None:
+        c = _CODES.get(frame.f_code)
+        if c is not None:
+            found = (c, frame)
+        frame = frame.f_back
+    return found

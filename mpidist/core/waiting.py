@@ -1,0 +1,137 @@
+"""Time: timeouts as seconds, and the one backoff every waiting loop in mpidist uses.
+
+A rank that waits for a peer must not spin a core the peer may need (ranks are often
+oversubscribed), yet should notice completion quickly: :class:`Backoff` sleeps for a pause
+that starts short and doubles up to a ceiling, and every loop that polls MPI (the bounded
+waits of :mod:`mpidist.core.timeouts`, ``monitored_barrier``, the exit watch) takes its pauses
+from it. A wait for a call's own completion first yields the core between tests for a while
+(``spin``), as MPI's own blocking ``MPI_Wait`` does: MPI makes progress on a nonblocking
+collective only while it is tested, a sleep between the steps of a large message would cost
+more than the message itself, and a test that does not yield keeps a peer that shares the
+core from running (see ``docs/benchmarks.md``, "Where ranks share cores").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+#: The first and the longest pause of a :class:`Backoff`, in seconds.
+FIRST_PAUSE = 20e-6
+LONGEST_PAUSE = 1e-3
+#: How long a wait for a call's completion tests back to back, yielding the core in between,
+#: before it starts to sleep (seconds): ``SPIN_LEAST``, plus ``SPIN_PER_BYTE`` for each byte the
+#: call moves, up to ``SPIN``. MPI moves a message on one node only while it is tested, so a
+#: large one needs the spin (2 ms made 1 MiB 1.40x slower once). A wait longer than its message
+#: needs is for a peer still computing, and a rank that spins then takes a share of the core
+#: from it (or from torch's threads) even while yielding: 10 ms for every call gave a small
+#: model's DDP steps 23-36 ms outliers (gloo: 5-13 ms) in 11 of 17 runs at 2 ranks x 2 threads
+#: on 2 cores; 1 ms, none in 18 runs; 3 ms, none in 4 (docs/benchmarks.md, "Where ranks share
+#: cores").
+SPIN = 0.01
+SPIN_LEAST = 0.003
+SPIN_PER_BYTE = 1 / 256e6  # 1 MiB: 7 ms; from about 1.8 MiB: SPIN
+
+
+def spin_for(nbytes: int) -> float:
+    """The spin before sleeping for a call that moves ``nbytes`` bytes."""
+    return min(SPIN, SPIN_LEAST + nbytes * SPIN_PER_BYTE)
+
+
+def nbytes_of(keep: Any, depth: int = 3) -> int:
+    """Bytes of the buffers in ``keep`` (arrays, memoryviews, and lists or tuples of them)."""
+    size = getattr(keep, "nbytes", None)
+    if isinstance(size, int):
+        return size
+    if depth and isinstance(keep, (list, tuple)):
+        return sum(nbytes_of(k, depth - 1) for k in keep)
+    return 0
+
+
+def seconds(timeout: Any) -> float | None:
+    """A timeout (``timedelta``, seconds, or ``None``) as float seconds."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+class Backoff:
+    """Sleeps of growing length: ``first``, doubling up to ``longest``; :meth:`reset` starts over.
+
+    ``spin``: seconds that :func:`poll` first tests back to back, yielding the core
+    (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
+    """
+
+    __slots__ = ("first", "longest", "pause", "spin_until")
+
+    def __init__(self, first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE,
+                 spin: float = 0.0) -> None:
+        self.first = first
+        self.longest = longest
+        self.pause = first
+        self.spin_until = time.monotonic() + spin if spin else 0.0
+
+    def reset(self) -> None:
+        self.pause = self.first
+
+    def sleep(self, deadline: float | None = None) -> bool:
+        """Sleep the next pause (never past ``deadline``); ``False`` once the deadline has passed."""
+        now = time.monotonic()
+        if deadline is not None:
+            if now >= deadline:
+                return False
+            time.sleep(min(self.pause, deadline - now))
+        else:
+            time.sleep(self.pause)
+        self.pause = min(self.pause * 2, self.longest)
+        return True
+
+
+#: Threads now waiting in :func:`poll` under a deadline: the stall watch leaves them alone.
+bounded_waits: set[int] = set()
+#: Tests between two looks at the clock while :func:`poll` spins.
+CLOCK_EVERY = 16
+
+
+def _spin(done: Callable[[], bool], end: float) -> bool:
+    """Test ``done()``, yielding the core after each test, until it is true or ``end`` passes."""
+    yield_ = os.sched_yield
+    while True:
+        for _ in range(CLOCK_EVERY):
+            if done():
+                return True
+            yield_()
+        if time.monotonic() >= end:
+            return False
+
+
+def poll(done: Callable[[], bool], deadline: float | None,
+         backoff: Backoff | None = None) -> bool:
+    """Call ``done()`` until it is true (``True``) or ``deadline`` passes (``False``): first
+    yielding between tests for the backoff's ``spin``, then sleeping its pauses."""
+    if done():
+        return True
+    b = backoff or Backoff()
+    me = threading.get_ident()
+    if deadline is not None:
+        bounded_waits.add(me)
+    try:
+        if b.spin_until:
+            if _spin(done, b.spin_until if deadline is None else min(b.spin_until, deadline)):
+                return True
+        while not done():
+            if not b.sleep(deadline):
+                return done()
+        return True
+    finally:
+        bounded_waits.discard(me)
+
+
+def deadline(timeout: float | None) -> float | None:
+    """The monotonic time ``timeout`` seconds from now (``None``: no deadline)."""
+    return None if timeout is None else time.monotonic() + timeout

@@ -1,0 +1,154 @@
+"""``python -m mpidist info``: the facts about this MPI installation that a bug report needs.
+
+Run it as the job would run (``mpiexec -n 4 python -m mpidist info [--json]``): rank 0
+prints the versions, the MPI library that mpi4py loaded, the thread level, CUDA
+awareness, the launcher and which ranks landed on which host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+import mpi4py
+from mpi4py import MPI
+
+from .. import gpu
+from .._version import __version__
+from ..core import faults
+from . import launcher, mpi_library
+
+#: Variables that choose the network MPI uses between nodes (reported when set).
+NETWORK_VARS = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES",
+                "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_btl_tcp_if_include", "I_MPI_FABRICS")
+
+_THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+
+
+def cuda_aware() -> str:
+    """``"yes"``, ``"no"`` or ``"unknown"``, as :func:`mpidist.gpu.cuda_aware` answers."""
+    return gpu.cuda_aware()
+
+
+def _gpu_path() -> str:
+    """How device buffers travel (direct to a CUDA-aware MPI, or staged), from mpidist.gpu."""
+    return gpu.describe()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
+    """Everything ``info`` reports, as a dict (complete on rank 0 of ``comm``).
+
+    Collective over ``comm`` (default ``MPI_COMM_WORLD``): ``MPI_Gather`` of the host
+    names and ``MPI_Comm_split_type`` for the node layout.
+    """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+
+    size = comm.Get_size()
+    host = MPI.Get_processor_name()
+    local_rank, local_size, node_rank, num_nodes = launcher.node_layout(comm)
+    hosts = comm.gather(host, root=0)
+    vendor, vendor_version = MPI.get_vendor()
+    problems = []
+    try:
+        launcher.check_not_singleton_trap("info")
+    except RuntimeError as exc:
+        problems.append(str(exc))
+    out: dict[str, Any] = {
+        "mpidist": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "mpi4py": mpi4py.__version__,
+        "numpy": _version("numpy"),
+        "torch": _version("torch"),
+        "mpi_vendor": f"{vendor} {'.'.join(map(str, vendor_version))}",
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
+        "mpi_library_version": MPI.Get_library_version().strip(),
+        "mpi_library_path": mpi_library.loaded_path(),
+        "MPI4PY_LIBMPI": os.environ.get("MPI4PY_LIBMPI"),
+        "MPI4PY_MPIABI": os.environ.get("MPI4PY_MPIABI"),
+        "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "thread_level_requested": str(mpi4py.rc.thread_level),
+        "cuda_aware": cuda_aware(),
+        "gpu_path": _gpu_path(),
+        "launcher": launcher.detect_launcher(size),
+        "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
+        "survive_failure": faults.survival(),
+        "world_size": size,
+        "num_nodes": num_nodes,
+        "hosts": None,
+        "problems": problems,
+    }
+    if hosts is not None:
+        by_host: dict[str, list[int]] = {}
+        for r, h in enumerate(hosts):
+            by_host.setdefault(h, []).append(r)
+        out["hosts"] = by_host
+    return out
+
+
+def render(facts: dict[str, Any]) -> str:
+    """The human-readable form of :func:`collect`'s dict."""
+    lib_version = facts["mpi_library_version"].splitlines()
+    rows = [
+        ("mpidist", facts["mpidist"]),
+        ("python", f"{facts['python']} ({facts['platform']})"),
+        ("mpi4py", facts["mpi4py"]),
+        ("numpy", facts["numpy"]),
+        ("torch", facts["torch"] or "not installed"),
+        ("MPI vendor", facts["mpi_vendor"]),
+        ("MPI standard", facts["mpi_standard"]),
+        ("MPI library", lib_version[0] if lib_version else "?"),
+        ("MPI library path", facts["mpi_library_path"] or "unknown"),
+        ("MPI4PY_LIBMPI", facts["MPI4PY_LIBMPI"] or "(unset)"),
+        ("MPI4PY_MPIABI", facts["MPI4PY_MPIABI"] or "(unset)"),
+        ("thread level", f"{facts['thread_level']} (requested {facts['thread_level_requested']})"),
+        ("CUDA-aware MPI", facts["cuda_aware"]),
+        ("GPU path", facts.get("gpu_path") or "unknown"),
+        ("launcher", facts["launcher"]),
+        ("network", " ".join(f"{k}={v}" for k, v in facts.get("network_env", {}).items())
+         or "the MPI library's default (no FI_/UCX_/netmod variable set)"),
+        ("survive a death", facts["survive_failure"]),
+        ("world size", f"{facts['world_size']} on {facts['num_nodes']} node(s)"),
+    ]
+    lines = [f"{k + ':':<18} {v}" for k, v in rows]
+    for h, ranks in (facts["hosts"] or {}).items():
+        lines.append(f"{'host ' + h + ':':<18} {len(ranks)} rank(s): {_spans(ranks)}")
+    lines += [f"{'MPI library info:':<18} {ln.strip()}" for ln in lib_version[1:] if ln.strip()]
+    lines += [f"PROBLEM: {p}" for p in facts["problems"]]
+    return "\n".join(lines)
+
+
+def _spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    out, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m mpidist info [--json]``; rank 0 prints, once."""
+    parser = argparse.ArgumentParser(prog="python -m mpidist info", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    facts = collect()
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        sys.stdout.write((json.dumps(facts, indent=2) if args.json else render(facts)) + "\n")
+        sys.stdout.flush()
+    return 0
+

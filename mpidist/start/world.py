@@ -1,0 +1,240 @@
+"""The default process group: init, destroy and the questions asked of the world.
+
+MPI is the source of truth for rank and size. ``init_process_group`` duplicates
+``MPI_COMM_WORLD`` into the default group and checks every rank/size the caller or
+the environment states against MPI's; ``init_method`` strings are parsed and
+validated, but under an MPI launcher no rendezvous is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from mpi4py import MPI
+
+from ..checks import census, failure, flight, stall
+from ..core import errors, groups
+from ..core.groups import GroupMember, ProcessGroup
+from . import launcher
+
+#: Default timeout of a process group, as torch's (30 minutes).
+default_pg_timeout = timedelta(minutes=30)
+
+
+class Backend(str):
+    """Backend names; mpidist has one, ``"mpi"`` (case-insensitive)."""
+
+    UNDEFINED = "undefined"
+    MPI = "mpi"
+
+    def __new__(cls, name: str) -> Backend:
+        groups.check_backend(name, "Backend")
+        return super().__new__(cls, "mpi")
+
+
+def _int_param(value: Any, source: str, call: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise errors.value_error(call, f"{source} must be an integer, got {value!r}") from None
+
+
+def parse_init_method(init_method: str, call: str = "init_process_group") -> dict[str, Any]:
+    """Validate an ``init_method`` URL; return its scheme and any ``rank``/``world_size``.
+
+    ``env://``, ``tcp://host:port[?rank=R&world_size=N]`` and
+    ``file:///absolute/path[?rank=R&world_size=N]`` are accepted, as in torch.
+    """
+    if not isinstance(init_method, str):
+        raise errors.type_error(call, f"init_method must be a string URL, got {init_method!r}")
+    url = urlsplit(init_method)
+    out: dict[str, Any] = {"scheme": url.scheme}
+    if url.scheme == "tcp":
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if not url.hostname or port is None or not 0 < port < 65536:
+            raise errors.value_error(
+                call, f"init_method {init_method!r} must look like tcp://host:port (port 1-65535)"
+            )
+        out["host"], out["port"] = url.hostname, port
+    elif url.scheme == "file":
+        if not url.path.startswith("/") or url.netloc not in ("", "localhost"):
+            raise errors.value_error(
+                call, f"init_method {init_method!r} must look like file:///absolute/path"
+            )
+        out["path"] = url.path
+    elif url.scheme != "env" or url.netloc or url.path not in ("", "/"):
+        raise errors.value_error(
+            call,
+            f"init_method {init_method!r} is not supported; use env://, tcp://host:port "
+            "or file:///path (none is needed under an MPI launcher)",
+        )
+    for key, values in parse_qs(url.query).items():
+        if key in ("rank", "world_size"):
+            out[key] = _int_param(values[-1], f"init_method's {key}", call)
+    return out
+
+
+def _check_identity(stated: list[tuple[str, int]], actual: int, what: str, call: str) -> None:
+    for source, value in stated:
+        if value != actual:
+            raise errors.value_error(
+                call,
+                f"{source}={value} disagrees with MPI, which gives this process "
+                f"{what}={actual}; MPI is the source of truth (start the job with "
+                f"mpiexec -n N, or drop the {source} setting)",
+            )
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: timedelta | None = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, group_name: str = "", pg_options: Any = None,
+                       device_id: Any = None, *, abort_on_error: bool | None = None) -> None:
+    """Initialise the default process group on ``MPI_COMM_WORLD`` (duplicated).
+
+    Every rank calls it (``MPI_Comm_dup`` is collective). ``rank``/``world_size``, the
+    ``RANK``/``WORLD_SIZE`` environment variables and an ``init_method``'s query, when
+    given, must equal MPI's rank and size or ``ValueError`` names both values.
+    ``timeout`` (default :data:`default_pg_timeout`) bounds ``Work.wait``.
+    ``abort_on_error`` (default on, or ``MPIDIST_ABORT_ON_ERROR``) makes an uncaught
+    exception on any rank abort the job instead of hanging its peers.
+
+    Example::
+
+        import mpidist as dist
+        dist.init_process_group("mpi")
+        print(dist.get_rank(), dist.get_world_size())
+    """
+    call = "init_process_group"
+    if groups.registry.world is not None:
+        raise errors.runtime_error(
+            call, "the default process group is already initialized; "
+            "call destroy_process_group() before initializing again"
+        )
+    groups.check_backend(backend, call)
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise errors.type_error(
+            call, f"timeout must be a datetime.timedelta, got {errors.type_name(timeout)}"
+        )
+    if store is not None:
+        if init_method is not None:
+            raise errors.value_error(call, "cannot specify both init_method and store")
+        if rank == -1 or world_size == -1:
+            raise errors.value_error(call, "a store needs rank and world_size to be given")
+    url = parse_init_method(init_method, call) if init_method is not None else {}
+    size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    stated_ranks = [("rank", _int_param(rank, "rank", call))] if rank not in (-1, None) else []
+    stated_sizes = ([("world_size", _int_param(world_size, "world_size", call))]
+                    if world_size not in (-1, None) else [])
+    if "rank" in url:
+        stated_ranks.append(("init_method's rank", url["rank"]))
+    if "world_size" in url:
+        stated_sizes.append(("init_method's world_size", url["world_size"]))
+    if url.get("scheme", "env") == "env":
+        for var, bucket in (("RANK", stated_ranks), ("WORLD_SIZE", stated_sizes)):
+            if os.environ.get(var, "").strip():
+                bucket.append((f"${var}", _int_param(os.environ[var], f"${var}", call)))
+    launcher.check_not_singleton_trap(call)  # before the identity checks: its message says more
+    _check_identity(stated_sizes, size, "world_size", call)
+    _check_identity(stated_ranks, me, "rank", call)
+    pg = groups.make_world(timeout or default_pg_timeout, group_name)
+    groups.registry.world = pg
+    groups.registry.was_destroyed = False
+    GroupMember.WORLD = groups.group.WORLD = pg
+    if (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1:
+        failure.install()
+    stall.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
+    census.start()  # the stall report's roll call: its own communicator
+    flight.enable_from_env()  # MPIDIST_FLIGHT_RECORDER=N keeps the last N calls (default: off)
+
+
+def init_process(group_name: str, rank: int = -1, world_size: int = -1,
+                 init_method: str | None = None, backend: str | None = "mpi",
+                 timeout: timedelta | None = None) -> ProcessGroup:
+    """Initialise the world with ``group_name`` recorded and return the default group.
+
+    The seed project's form of :func:`init_process_group`; ``get_backend()`` and
+    ``group.WORLD.group_name`` report what was passed.
+    """
+    if not isinstance(group_name, str) or not group_name:
+        raise errors.value_error("init_process", f"group_name must be a non-empty string, got {group_name!r}")
+    init_process_group(backend=backend, init_method=init_method, timeout=timeout,
+                       world_size=world_size, rank=rank, group_name=group_name)
+    return groups.world("init_process")
+
+
+def destroy_process_group(group: Any = None) -> None:  # noqa: A002
+    """Free ``group``'s communicator; with no argument, every group and the world.
+
+    After destroying the world, any call raises ``RuntimeError`` until
+    :func:`init_process_group` runs again.
+    """
+    call = "destroy_process_group"
+    reg = groups.registry
+    if group is None or group is reg.world:
+        if reg.world is None:
+            raise groups._not_initialized(call)
+        for pg in list(reg.live.values()):
+            groups.free(pg)
+        reg.world = None
+        reg.was_destroyed = True
+        GroupMember.WORLD = groups.group.WORLD = None
+        failure.uninstall()
+        return
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if type(group) is not ProcessGroup:
+        raise errors.type_error(call, f"group must be a ProcessGroup, got {group!r}")
+    groups.free(group)
+
+
+def is_initialized() -> bool:
+    """``True`` between :func:`init_process_group` and :func:`destroy_process_group`."""
+    return groups.registry.world is not None
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_mpi_available() -> bool:
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_gloo_available() -> bool:
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_backend(group: Any = None) -> str:  # noqa: A002
+    """The backend of ``group`` (always ``"mpi"``)."""
+    groups.resolve(group, "get_backend")
+    return Backend.MPI
+
+
+def get_rank(group: Any = None) -> int:  # noqa: A002
+    """This process's rank in ``group`` (the world by default); ``-1`` if not a member."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        groups.world("get_rank")
+        return -1
+    return groups.resolve(group, "get_rank")._rank
+
+
+def get_world_size(group: Any = None) -> int:  # noqa: A002
+    """Number of ranks in ``group`` (the world by default); ``-1`` if not a member."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        groups.world("get_world_size")
+        return -1
+    return groups.resolve(group, "get_world_size")._size
