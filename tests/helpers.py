@@ -24,6 +24,22 @@ def assert_all_ranks_ok(dist, bad: list[str]) -> None:
     assert not any(everyone), {r: b for r, b in enumerate(everyone) if b}
 
 
+def raised_everywhere(dist, fn, kind=ValueError) -> str:
+    """Run ``fn``, which must raise ``kind`` on every rank with the same text; return that text.
+
+    ``dist`` is mpidist or torch.distributed (anything with ``all_gather_object``).
+    """
+    try:
+        fn()
+        text = None
+    except kind as exc:
+        text = str(exc)
+    texts = gathered(dist, text)
+    assert None not in texts, texts
+    assert len(set(texts)) == 1, texts
+    return texts[0]
+
+
 def still_works(dist, size: int) -> None:
     """After an error, the runtime must still work: one all_reduce across the world."""
     t = np.ones(1)

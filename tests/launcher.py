@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import shm
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 #: Prefixes of the variables a launcher sets; a plain ``python`` must start without them.
@@ -46,16 +48,18 @@ def _run(cmd: list[str], timeout: float, env: dict, cwd: Path | str) -> subproce
     """``subprocess.run`` that, on timeout, kills the launcher *and every rank it started*.
 
     Killing only ``mpiexec`` can leave ranks that hold the output pipes open, and the
-    wait for them never ends.
+    wait for them never ends. The shared-memory segments of ranks the job killed are
+    removed afterwards (:mod:`shm`).
     """
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          cwd=str(cwd), start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    with shm.swept():
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              cwd=str(cwd), start_new_session=True) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+                raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

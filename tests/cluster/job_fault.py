@@ -1,4 +1,4 @@
-"""A job for the failure tests (tests/test_cluster_failures.py): all_reduce in a loop until a fault.
+"""A job for the failure tests (tests/cluster/test_cluster_failures.py): all_reduce in a loop until a fault.
 
     mpiexec ... python tests/cluster/job_fault.py TIMEOUT_S
 

@@ -1,4 +1,4 @@
-"""Job for tests/test_cluster_speed.py: 16-bit reductions and the torch backend's choice across nodes.
+"""Job for tests/cluster/test_cluster_speed.py: 16-bit reductions and the torch backend's choice across nodes.
 
 Prints ``NODES n``, ``LOWPREC ok <count>`` after checking every 16-bit all_reduce word for word
 against numpy (float32 in rank order, rounded once), ``LIMIT <bytes>`` (the torch backend's
@@ -13,7 +13,8 @@ import hashlib
 import numpy as np
 
 import mpidist
-from mpidist import nodecount, words
+from mpidist.calls import words
+from mpidist.core import topology
 
 
 def words_of(kind: str, rank: int, n: int) -> np.ndarray:
@@ -39,7 +40,7 @@ def main() -> None:
     rank, size = mpidist.get_rank(), mpidist.get_world_size()
     from mpi4py import MPI
 
-    print(f"NODES {nodecount.nodes(MPI.COMM_WORLD)}", flush=True)
+    print(f"NODES {topology.node_count(MPI.COMM_WORLD)}", flush=True)
     checked = 0
     for kind in ("f16", "bf16"):
         dt = np.float16 if kind == "f16" else words.bf16_dtype()

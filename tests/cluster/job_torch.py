@@ -1,4 +1,4 @@
-"""The torch backend across nodes, run by tests/test_cluster_torch.py (and on one node for reference).
+"""The torch backend across nodes, run by tests/cluster/test_cluster_torch.py (and on one node for reference).
 
     mpiexec ... python tests/cluster/job_torch.py 2,2
 
