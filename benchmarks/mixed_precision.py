@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite.timing import interleave, paired_ratio, python_loop, summary  # noqa: E402
 
 import mpidist as dist  # noqa: E402
-from mpidist import lowprec, words  # noqa: E402
-from mpidist.buffers import as_buffer  # noqa: E402
+from mpidist.calls import lowprec, words  # noqa: E402
+from mpidist.core.buffers import as_buffer  # noqa: E402
 
 
 def parse_size(text: str) -> int:
@@ -60,29 +60,29 @@ def make_array(dtype: str, count: int) -> np.ndarray:
     return np.zeros(count, dtype)
 
 
-def allreduce_wide(comm: MPI.Comm, words: np.ndarray, red: lowprec.Reduction) -> None:
+def allreduce_wide(comm: MPI.Comm, w16: np.ndarray, red: lowprec.Reduction) -> None:
     """The alternative lowprec does not take: widen, ``MPI_Allreduce`` on float32, round once."""
-    wide = np.empty(words.size, np.float32)
-    lowprec.widen(words, red.kind, wide)
+    wide = np.empty(w16.size, np.float32)
+    lowprec.widen(w16, red.kind, wide)
     comm.Allreduce(MPI.IN_PLACE, [wide, MPI.FLOAT], MPI.SUM)
-    lowprec.narrow(wide, red.kind, words)
+    lowprec.narrow(wide, red.kind, w16)
 
 
-def forced(comm: MPI.Comm, words: np.ndarray, how: str):
+def forced(comm: MPI.Comm, w16: np.ndarray, how: str):
     """A loop body running one of lowprec's means on float16 words, whatever it would choose."""
     red = lowprec.Reduction("f16", np.add, False)
     saved = (lowprec._gather_all, words._kernel)
 
     def run() -> None:
         if how == "wide":
-            allreduce_wide(comm, words, red)
+            allreduce_wide(comm, w16, red)
             return
         if how == "numpy":
             words._kernel = None
         else:
             lowprec._gather_all = lambda n, size: how == "gather"
         try:
-            lowprec.allreduce(comm, words, red)
+            lowprec.allreduce(comm, w16, red)
         finally:
             lowprec._gather_all, words._kernel = saved
     return run
@@ -98,8 +98,8 @@ def loops_for(nbytes: int, comm: MPI.Comm, dtypes: list[str], all_methods: bool)
     if not all_methods:
         return out
     for how in ("gather", "split", "wide", "numpy"):
-        words = as_buffer(make_array("float16", nbytes // 2), "bench", "x", True)[0].reshape(-1)
-        run = forced(comm, words, how)
+        w16 = as_buffer(make_array("float16", nbytes // 2), "bench", "x", True)[0].reshape(-1)
+        run = forced(comm, w16, how)
         out[how] = python_loop(run, ())
     f16 = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL)
     if f16 != MPI.DATATYPE_NULL:

@@ -74,7 +74,7 @@ def lowprec_job(args: argparse.Namespace) -> int:
     import numpy as np
 
     import mpidist
-    from mpidist import words
+    from mpidist.calls import words
 
     mpidist.init_process_group("mpi")
     from mpi4py import MPI

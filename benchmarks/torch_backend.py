@@ -15,14 +15,20 @@ Every figure is the slowest rank's mean over ``--reps`` calls, best of ``--trial
 the large model's DDP step: its compute alone (no DDP), gloo and mpidist with float32
 gradients (mpidist with the automatic blocking-or-overlap choice, and forced either way),
 and both with ``fp16_compress_hook``.
+
+``--loader-workers N`` feeds every DDP step from a ``DataLoader`` with ``N`` workers per rank
+whose samples cost ``--sample-us`` of CPU each (as decoding and augmenting do), so the workers
+take a share of the cores while the ranks train and wait; ``--ddp-only`` skips the per-call table.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -85,9 +91,35 @@ def mlp(width: int, depth: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
+class Costly(torch.utils.data.Dataset):
+    """Samples that take ``cost`` seconds of CPU each to make, as decoded, augmented images do."""
+
+    def __init__(self, length: int, cost: float) -> None:
+        self.length, self.cost = length, cost
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        end = time.perf_counter() + self.cost
+        x = torch.full((32,), float(i % 7))
+        while time.perf_counter() < end:  # a worker's CPU work, on a core the ranks also want
+            x = torch.tanh(x)
+        return x, i % 10
+
+
+def batches(batch: int, workers: int, cost: float) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless batches from a ``DataLoader`` with ``workers`` persistent worker processes."""
+    loader = torch.utils.data.DataLoader(Costly(batch * 64, cost), batch_size=batch, num_workers=workers,
+                                         persistent_workers=True, prefetch_factor=2)
+    return itertools.chain.from_iterable(itertools.repeat(loader))
+
+
 def ddp_step_time(width: int, depth: int, group: dist.ProcessGroup | None, batch: int, reps: int,
-                  trials: int, hook: Callable | None = None, local: bool = False) -> tuple[int, float]:
-    """(parameters, seconds per step); ``local``: the bare model, no DDP (the compute alone)."""
+                  trials: int, hook: Callable | None = None, local: bool = False,
+                  loader: Iterator | None = None) -> tuple[int, float]:
+    """(parameters, seconds per step); ``local``: the bare model, no DDP (the compute alone);
+    ``loader``: each step's batch comes from it (else one fixed batch)."""
     torch.manual_seed(0)
     model = mlp(width, depth)
     if not local:
@@ -98,8 +130,9 @@ def ddp_step_time(width: int, depth: int, group: dist.ProcessGroup | None, batch
     x, y = torch.randn(batch, 32), torch.randint(0, 10, (batch,))
 
     def step() -> None:
+        xb, yb = (x, y) if loader is None else next(loader)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()
 
     params = sum(p.numel() for p in model.parameters())
@@ -110,13 +143,13 @@ def two_node(args: argparse.Namespace, gloo: dist.ProcessGroup) -> dict:
     """The large model's DDP step: compute alone, gloo vs mpidist, float32 and fp16-compressed."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from mpidist import nodecount
+    from mpidist.core import topology
     from mpidist.torch import overlap
 
     fp16 = default_hooks.fp16_compress_hook
     width, depth, batch = args.large_width, 4, 64
     params, compute = ddp_step_time(width, depth, None, batch, args.ddp_reps, args.trials, local=True)
-    nodes = nodecount.nodes(MPI.COMM_WORLD)
+    nodes = topology.node_count(MPI.COMM_WORLD)
     out = {"params": params, "compute_ms": compute * 1e3, "nodes": nodes,
            "auto_sync_bytes": overlap.choose(nodes), "steps": {}}
     saved = backend.SYNC_BYTES
@@ -145,10 +178,21 @@ def main() -> None:
     ap.add_argument("--large-width", type=int, default=1600, help="width of the large MLP (4 layers)")
     ap.add_argument("--ddp-reps", type=int, default=None, help="steps per trial (default 10, --two-node 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument("--loader-workers", type=int, default=0,
+                    help="DataLoader worker processes per rank feeding the DDP steps (0: one fixed batch)")
+    ap.add_argument("--sample-us", type=float, default=50.0, help="CPU time per sample in a worker (µs)")
+    ap.add_argument("--rounds", type=int, default=1, help="DDP rounds (gloo, overlap, sync), interleaved")
+    ap.add_argument("--models", default="small,large", help="DDP models: small (7 k parameters), large")
+    ap.add_argument("--ddp-only", action="store_true", help="only the DDP steps, not the per-call table")
     ap.add_argument("--json", help="also write the results here (rank 0)")
     ap.add_argument("--two-node", action="store_true",
                     help="only the large model's DDP step, with its compute and fp16 compression")
     args = ap.parse_args()
+    if args.rounds < 1 or args.loader_workers < 0 or args.sample_us < 0:
+        ap.error("--rounds must be at least 1, --loader-workers and --sample-us at least 0")
+    unknown = set(args.models.split(",")) - {"small", "large"}
+    if unknown:
+        ap.error(f"--models: unknown {sorted(unknown)} (small, large)")
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("mpidist")
@@ -162,35 +206,51 @@ def main() -> None:
                 json.dump(res, fh, indent=1)
         dist.destroy_process_group()
         return
-    out = {"ranks": size, "allreduce": allreduce_table(gloo, _bytes(args.max_bytes), args.reps, args.trials)}
+    args.ddp_reps = args.ddp_reps or 10
+    out = {"ranks": size, "threads": args.threads, "loader_workers": args.loader_workers, "allreduce": []}
+    if not args.ddp_only:
+        out["allreduce"] = allreduce_table(gloo, _bytes(args.max_bytes), args.reps, args.trials)
+    loader = batches(64, args.loader_workers, args.sample_us * 1e-6) if args.loader_workers else None
     ddp = []
     for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):
-        row: dict = {"model": label}
-        row["params"], row["gloo_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps, args.trials)
+        if label not in args.models.split(","):
+            continue
+        row: dict = {"model": label, "rounds": []}
         saved = backend.SYNC_BYTES
         try:
-            for key, limit in (("mpidist_overlap_ms", 0), ("mpidist_sync_ms", 1 << 62)):
-                backend.SYNC_BYTES = limit  # 0: every bucket nonblocking; huge: every bucket blocking
-                _, row[key] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials)
+            for _ in range(args.rounds):  # interleaved: the machine's load moves between rounds
+                r: dict = {}
+                row["params"], r["gloo_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps,
+                                                            args.trials, loader=loader)
+                for key, limit in (("mpidist_overlap_ms", 0), ("mpidist_sync_ms", 1 << 62)):
+                    backend.SYNC_BYTES = limit  # 0: every bucket nonblocking; huge: every bucket blocking
+                    _, r[key] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials,
+                                              loader=loader)
+                row["rounds"].append({k: v * 1e3 for k, v in r.items()})
         finally:
             backend.SYNC_BYTES = saved
         for k in ("gloo_ms", "mpidist_overlap_ms", "mpidist_sync_ms"):
-            row[k] *= 1e3
+            row[k] = statistics.median(r[k] for r in row["rounds"])
+        for k in ("overlap", "sync"):  # per round, so that a slow round slows both sides
+            row[f"gloo_over_{k}"] = [r["gloo_ms"] / r[f"mpidist_{k}_ms"] for r in row["rounds"]]
         ddp.append(row)
     out["ddp"] = ddp
-    if rank == 0:
+    if rank == 0 and out["allreduce"]:
         print(f"all_reduce float32, {size} ranks (us per call, slowest rank)")
         print(f"{'bytes':>10} {'mpi4py':>10} {'mpidist':>10} {'md async':>10} {'gloo':>10} {'gloo/md':>8}")
         for r in out["allreduce"]:
             print(f"{r['bytes']:>10} {r['mpi4py_us']:>10.1f} {r['mpidist_us']:>10.1f} "
                   f"{r['mpidist_async_us']:>10.1f} {r['gloo_us']:>10.1f} "
                   f"{r['gloo_us'] / r['mpidist_us']:>8.2f}")
-        print(f"\nDDP step, {size} ranks (ms per step, slowest rank)")
+    if rank == 0:
+        feed = f", {args.loader_workers} loader workers each" if args.loader_workers else ""
+        print(f"\nDDP step, {size} ranks x {args.threads} threads{feed} (ms per step, slowest rank)")
         print(f"{'model':>6} {'params':>10} {'gloo':>9} {'md overlap':>11} {'md sync':>9} "
-              f"{'gloo/overlap':>12}")
+              f"{'gloo/overlap':>14} {'gloo/sync':>14}   (medians; ratios: min-max of the rounds)")
         for r in ddp:
+            spans = [f"{min(r[k]):.2f}-{max(r[k]):.2f}" for k in ("gloo_over_overlap", "gloo_over_sync")]
             print(f"{r['model']:>6} {r['params']:>10} {r['gloo_ms']:>9.2f} {r['mpidist_overlap_ms']:>11.2f} "
-                  f"{r['mpidist_sync_ms']:>9.2f} {r['gloo_ms'] / r['mpidist_overlap_ms']:>12.2f}")
+                  f"{r['mpidist_sync_ms']:>9.2f} {spans[0]:>14} {spans[1]:>14}")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=1)

@@ -3,7 +3,7 @@
     mpiexec -n 8 python examples/train.py --epochs 10
 
 Every rank holds the same model. Each step, a rank computes the gradient on its part of
-the global batch (its indices come from ``mpidist.data.DistributedSampler``), then the
+the global batch (its indices come from ``mpidist.DistributedSampler``), then the
 gradients are averaged with one ``all_reduce(AVG)`` on one flat buffer, and every rank
 takes the same SGD step. ``--batch-size`` is the *global* batch, split over the ranks, so
 a run at N ranks visits the same batches as a run at 1 rank and reaches the same accuracy.
@@ -27,8 +27,8 @@ from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 import mpidist as dist
-from mpidist.data import DistributedSampler
-from mpidist.parallel import FlatBuffer, average_gradients
+from mpidist import DistributedSampler, average_gradients
+from mpidist.training.gradients import FlatBuffer
 
 HIDDEN = 64
 
