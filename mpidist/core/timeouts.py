@@ -43,9 +43,11 @@ _yield = os.sched_yield
 #: Tests before the polling loop: a call on ranks that arrive together completes within a few
 #: microseconds, less than the loop costs to set up. The first ``UNYIELDED`` run back to back;
 #: each later one is followed by ``sched_yield``, which lets a peer that shares this core (or
-#: torch's threads) run, as ``MPI_Wait`` does after its first polls.
+#: torch's threads) run, as ``MPI_Wait`` does after its first polls. More tests back to back
+#: only keep a peer that shares the core waiting for it (docs/benchmarks.md, "Where ranks
+#: share cores").
 QUICK_TESTS = 32
-UNYIELDED = 8
+UNYIELDED = 2
 
 
 #: Called with the report each time a wait gives up, by owner: the flight recorder
@@ -84,16 +86,30 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     referenced by the broken group. An explicit ``timeout`` (``Work.wait(timeout)``) is this
     rank's own: past it a ``RuntimeError`` says so and the requests stay pending.
     """
+    test = tester(reqs, statuses)
     try:
         for i in range(QUICK_TESTS):
-            if MPI.Request.Testall(reqs, statuses):
+            if test():
                 return
             if i >= UNYIELDED:
                 _yield()
     except MPI.Exception as exc:
         raise failure(pg, call, exc, (reqs, keep), statuses) from None
-    until(lambda: MPI.Request.Testall(reqs, statuses), pg, call, (reqs, keep), timeout, statuses,
-          spin_for(nbytes_of(keep)))
+    until(test, pg, call, (reqs, keep), timeout, statuses, spin_for(nbytes_of(keep)))
+
+
+def tester(reqs: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
+           ) -> Callable[[], bool]:
+    """The cheapest test of ``reqs`` (``True`` once all are complete, ``statuses`` filled):
+    ``MPI_Test`` for the one request most calls have, which costs less than ``MPI_Testall`` over
+    a list of one; the difference decides how fast ranks that share a core hand it on."""
+    if len(reqs) == 1 and (statuses is None or len(statuses) == 1):
+        req = reqs[0]
+        if statuses is None:
+            return req.Test
+        status = statuses[0]
+        return lambda: req.Test(status)
+    return lambda: MPI.Request.Testall(reqs, statuses)
 
 
 def failure(pg: ProcessGroup, call: Any, exc: MPI.Exception, keep: Any,

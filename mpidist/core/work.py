@@ -19,6 +19,10 @@ from .registry import define
 from .waiting import seconds
 
 
+def _done_already() -> bool:
+    return True
+
+
 class Work:
     """A pending operation. ``wait()`` blocks until it is done and returns ``True``.
 
@@ -27,7 +31,7 @@ class Work:
     """
 
     __slots__ = ("_reqs", "_post", "_output", "_call", "_pg", "_done", "_exc",
-                 "_statuses", "_keep")
+                 "_statuses", "_keep", "_test")
 
     def __init__(self, reqs: Sequence[MPI.Request], call: Any, post: Callable[[], None] | None,
                  output: Any, pg: ProcessGroup, keep: Any = None,
@@ -41,11 +45,13 @@ class Work:
         self._exc: BaseException | None = None
         self._statuses = statuses
         self._keep = keep  # buffers MPI is still reading or writing
+        self._test = timeouts.tester(self._reqs, statuses)
 
     def _finish(self) -> None:
         self._done = True
         self._reqs = []
         self._keep = None
+        self._test = _done_already
         post, self._post = self._post, None
         if post is not None:
             try:
@@ -61,9 +67,9 @@ class Work:
         return timeouts.expired(self._pg, self._call, keep, start)
 
     def is_completed(self) -> bool:
-        """``True`` once the operation is done (``MPI_Testall``; runs the post-step)."""
+        """``True`` once the operation is done (``MPI_Test``/``MPI_Testall``; runs the post-step)."""
         try:
-            if not self._done and MPI.Request.Testall(self._reqs, self._statuses):
+            if not self._done and self._test():
                 self._finish()
         except MPI.Exception as exc:
             self._exc = timeouts.failure(self._pg, self._call, exc, (self._reqs, self._keep), self._statuses)
