@@ -89,8 +89,27 @@ def _lookup(dtype: np.dtype, call: str, arg: str) -> DType:
     raise _unsupported(call, arg, str(dtype))
 
 
+#: torch dtype -> DType for the dtypes whose ``Tensor.numpy()`` view MPI moves as it is (not
+#: complex, which may be a lazily conjugated view; not bfloat16): filled when torch is first met
+_TORCH_PLAIN: dict[Any, DType] = {}
+_STRIDED: Any = None  # torch.strided, once torch is met
+
+
+def _plain_torch_dtypes(torch: Any) -> dict[Any, DType]:
+    global _STRIDED
+    if not _TORCH_PLAIN:
+        _STRIDED = torch.strided
+        _TORCH_PLAIN.update({getattr(torch, name): _BY_NUMPY[np.dtype(name)] for name in _TORCH_VIA_NUMPY
+                             if not name.startswith("complex") and hasattr(torch, name)})
+    return _TORCH_PLAIN
+
+
 def _from_torch(t: Any, call: str, arg: str, writable: bool = False) -> tuple[np.ndarray, DType]:
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
+    d = _TORCH_PLAIN.get(t.dtype)
+    if d is not None and t.layout is _STRIDED:  # the common case: one lookup, then the view
+        return t.numpy(), d
     name = str(t.dtype).rpartition(".")[2]
     if name == "bfloat16":
         import torch
@@ -140,7 +159,9 @@ def _convert_other(x: Any, call: Any, arg: str, writable: bool,
         arr = x.view(np.ndarray)
         return arr, _lookup(arr.dtype, call, arg)
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cpu":
+    if torch is not None and isinstance(x, torch.Tensor) and x.is_cpu:
+        if not _TORCH_PLAIN:
+            _plain_torch_dtypes(torch)
         return _from_torch(x, call, arg, writable)
     dev = gpu.inspect(x, call, arg)
     if dev is not None:
