@@ -11,7 +11,9 @@ per-round ratio to the blocking ``Allreduce`` of the same round::
 The candidates: ``Wait`` (MPI blocks), ``Waitany`` over the call and a posted notice receive
 (the design that would let a watchdog wake a blocked wait), a ``Test`` loop that never yields,
 ``Test`` + ``sched_yield``, the loop mpidist 0.1 waited in (32 tests a step, the first 100 µs
-without yielding) and mpidist's ``all_reduce``. ``--busy N`` runs N threads of
+without yielding), 4 and 16 tests back to back between yields (mpidist's wait: 4), a persistent
+request (``MPI_Allreduce_init`` once, then ``MPI_Start``, with the copy in and out that
+mpidist's small calls make) and mpidist's ``all_reduce``. ``--busy N`` runs N threads of
 matrix products per rank (numpy, which lets go of the GIL), as torch's threads do in training.
 """
 
@@ -68,9 +70,32 @@ def candidates(comm: MPI.Intracomm, nbytes: int
             if time.monotonic() >= busy_until:
                 os.sched_yield()
 
+    def tests_per_yield(k: int, start: Callable[[], MPI.Request]) -> Callable[[], None]:
+        def run() -> None:  # k tests back to back, then sched_yield (mpidist's wait: k = 4)
+            test = start().Test
+            while True:
+                for _ in range(k):
+                    if test():
+                        return
+                os.sched_yield()
+        return run
+
+    pbuf = np.ones_like(x)
+    persistent = comm.Allreduce_init(MPI.IN_PLACE, pbuf)
+
+    def started() -> MPI.Request:  # the persistent request, with its copy in and out
+        pbuf[...] = xd
+        persistent.Start()
+        return persistent
+
+    def persistent_call() -> None:
+        tests_per_yield(4, started)()
+        xd[...] = pbuf
+
     def cleanup() -> None:
         posted.Cancel()
         posted.Wait()
+        persistent.Free()
         side.Free()
 
     return {
@@ -80,6 +105,9 @@ def candidates(comm: MPI.Intracomm, nbytes: int
         "Test loop": test_spin,
         "Test+sched_yield": test_yield,
         "mpidist 0.1 loop": spin_then_yield,
+        "4 Tests+sched_yield": tests_per_yield(4, lambda: comm.Iallreduce(x, y)),
+        "16 Tests+sched_yield": tests_per_yield(16, lambda: comm.Iallreduce(x, y)),
+        "persistent Start+4 Tests": persistent_call,
         "mpidist": lambda: dist.all_reduce(xd),
     }, cleanup
 

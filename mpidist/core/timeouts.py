@@ -34,20 +34,18 @@ from mpi4py import MPI
 from . import errors, faults, groups, ranklists, registry
 from .groups import ProcessGroup
 from .tags import NOTICE
-from .waiting import SPIN, Backoff, nbytes_of, poll, seconds, spin_for
+from .waiting import SPIN, TESTS_PER_YIELD, Backoff, nbytes_of, poll, seconds, spin_for
 
 #: What a notice says of its sender: it gave up waiting, or it answers one that did.
 GAVE_UP, WAITING = 1, 2
 _NOTICE_LEN = 5  # sequence number, call id, state, seconds waited (milliseconds), group token
 _yield = os.sched_yield
 #: Tests before the polling loop: a call on ranks that arrive together completes within a few
-#: microseconds, less than the loop costs to set up. The first ``UNYIELDED`` run back to back;
-#: each later one is followed by ``sched_yield``, which lets a peer that shares this core (or
-#: torch's threads) run, as ``MPI_Wait`` does after its first polls. More tests back to back
-#: only keep a peer that shares the core waiting for it (docs/benchmarks.md, "Where ranks
-#: share cores").
+#: microseconds, less than the loop costs to set up. They run in runs of
+#: :data:`~mpidist.core.waiting.TESTS_PER_YIELD`, each run followed by ``sched_yield``, which lets
+#: a peer that shares this core (or torch's threads) run, as ``MPI_Wait`` does between its polls
+#: (docs/benchmarks.md, "Where ranks share cores").
 QUICK_TESTS = 32
-UNYIELDED = 2
 
 
 #: Called with the report each time a wait gives up, by owner: the flight recorder
@@ -88,11 +86,11 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     """
     test = tester(reqs, statuses)
     try:
-        for i in range(QUICK_TESTS):
-            if test():
-                return
-            if i >= UNYIELDED:
-                _yield()
+        for _ in range(QUICK_TESTS // TESTS_PER_YIELD):
+            for _ in range(TESTS_PER_YIELD):
+                if test():
+                    return
+            _yield()
     except MPI.Exception as exc:
         raise failure(pg, call, exc, (reqs, keep), statuses) from None
     until(test, pg, call, (reqs, keep), timeout, statuses, spin_for(nbytes_of(keep)))

@@ -94,17 +94,27 @@ class Backoff:
 
 #: Threads now waiting in :func:`poll` under a deadline: the stall watch leaves them alone.
 bounded_waits: set[int] = set()
-#: Tests between two looks at the clock while :func:`poll` spins.
-CLOCK_EVERY = 16
+#: Tests back to back between two yields of the core while a wait spins. One test per yield
+#: hands the core on before a peer that shares it has anything to answer, and every yield is a
+#: system call and often a context switch: 8 B all_reduce on 2 cores, ratio to the blocking
+#: ``MPI_Allreduce`` in the same job, 1 test per yield against 4: 1.83x against 1.07x at
+#: 4 ranks, 1.90x against 1.42x at 16; 16 or more tests per yield are slower again (on a
+#: persistent request, 1.51x at 16 ranks, against 1.20x for 4), and 3-6 are alike
+#: (docs/benchmarks.md, "Where ranks share cores").
+TESTS_PER_YIELD = 4
+#: Yields between two looks at the clock while :func:`poll` spins.
+CLOCK_EVERY = 4
 
 
 def _spin(done: Callable[[], bool], end: float) -> bool:
-    """Test ``done()``, yielding the core after each test, until it is true or ``end`` passes."""
+    """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
+    true or ``end`` passes."""
     yield_ = os.sched_yield
     while True:
         for _ in range(CLOCK_EVERY):
-            if done():
-                return True
+            for _ in range(TESTS_PER_YIELD):
+                if done():
+                    return True
             yield_()
         if time.monotonic() >= end:
             return False
