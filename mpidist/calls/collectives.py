@@ -3,8 +3,10 @@
 Every function follows the same steps: resolve the group, convert and check the buffers,
 map the op, then call MPI through :func:`~mpidist.calls.path.issue` -- the blocking routine, or
 its nonblocking ``I*`` variant under ``async_op=True``, which returns a
-:class:`~mpidist.core.work.Work`. Results land in the caller's arrays. The gather and all-to-all
-families live in :mod:`mpidist.calls.exchange`.
+:class:`~mpidist.core.work.Work`. Under ``MPIDIST_PERSISTENT=1`` a small blocking all_reduce,
+broadcast or barrier starts a persistent request of its group instead
+(:mod:`mpidist.calls.persistent`). Results land in the caller's arrays. The gather and
+all-to-all families live in :mod:`mpidist.calls.exchange`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
 from ..core.registry import define
 from ..core.timeouts import failure, wait
 from ..core.work import Work
-from . import sparse
+from . import persistent, sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
 from .path import Step, from_list, issue, output_and_input, overlap, size_error, then
 
@@ -64,6 +66,16 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         if sparse.is_sparse(tensor):  # gathered and summed (mpidist/calls/sparse.py); off the fast path
             return sparse.all_reduce(tensor, op, pg, async_op)
         raise
+    small = pg.persistent
+    if small and type(op) is ReduceOp and not (async_op or debug.LEVEL or staging):
+        # a small call made before: its persistent request, signature and plan, found at once
+        entry = small.get((arr.shape, d.name, op.name))
+        if entry is not None and op.factor is None:
+            pg.seq += 1
+            if signature.ON:
+                signature.note(pg, entry[2])
+            persistent.all_reduce(pg, call, entry, arr, d)
+            return None
     p = op.plans.get(d.kind) if type(op) is ReduceOp else None
     if p is None:
         p = plan(op, d, call)
@@ -79,6 +91,10 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         if pg._size == 1:
             pg.comm.Allreduce(IN_PLACE, buf, p.op)
         else:
+            entry = persistent.all_reduce_request(pg, arr, d, op, p, sig) if persistent.ON else None
+            if entry is not None:
+                persistent.all_reduce(pg, call, entry, arr, d)
+                return None
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 req = pg.comm.Iallreduce(IN_PLACE, buf, p.op)
                 if not req.Test():
@@ -129,9 +145,11 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
             if signature.ON:
                 signature.note(pg, sig)
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
-                req = comm.Ibcast(buf, root)
-                if not req.Test():
-                    wait((req,), pg, call, buf)
+                if not (persistent.ON and arr.nbytes <= persistent.SMALL
+                        and persistent.broadcast(pg, call, arr, d, root)):
+                    req = comm.Ibcast(buf, root)
+                    if not req.Test():
+                        wait((req,), pg, call, buf)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, buf) from None
         return None
@@ -231,9 +249,10 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -
             if signature.ON:
                 signature.note(pg, (call.name,))
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
-                req = comm.Ibarrier()
-                if not req.Test():
-                    wait((req,), pg, call)
+                if not (persistent.ON and persistent.barrier(pg, call)):
+                    req = comm.Ibarrier()
+                    if not req.Test():
+                        wait((req,), pg, call)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, None) from None
         return None

@@ -27,7 +27,7 @@ class ProcessGroup:
     """
 
     __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
-                 "timeout", "seq", "broken", "_abandoned", "signatures", "__weakref__")
+                 "timeout", "seq", "broken", "_abandoned", "signatures", "persistent", "__weakref__")
 
     def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
                  timeout: timedelta | None) -> None:
@@ -43,6 +43,9 @@ class ProcessGroup:
         self.broken: str | None = None
         self._abandoned: list[Any] = []  # requests and buffers of calls given up on
         self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
+        #: key -> (persistent request, its buffer, ...) of the small blocking calls
+        #: (:mod:`mpidist.calls.persistent`); ``False`` where MPI has no persistent collectives
+        self.persistent: dict | bool | None = None
 
     def rank(self) -> int:
         """This process's rank in the group."""
@@ -220,8 +223,11 @@ def free(pg: ProcessGroup) -> None:
     """Release the communicator of ``pg``; the group object stays, marked destroyed."""
     comm, pg.comm = pg.comm, None
     registry.live.pop(id(pg), None)
+    requests, pg.persistent = pg.persistent, None
     if comm is not None and not MPI.Is_finalized():
         try:
+            for entry in (requests or {}).values():
+                entry[0].Free()  # inactive between calls; MPI wants them freed before their communicator
             comm.Free()
         except MPI.Exception:
             pass  # revoked under ULFM: the group is gone either way

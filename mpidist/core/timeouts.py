@@ -1,7 +1,8 @@
 """Group timeouts that raise: the bounded wait every call ends in, and the broken group.
 
 MPI has no timeouts, and a blocking MPI routine cannot be interrupted. So a call on a
-group of more than one rank starts the nonblocking ``I*`` routine and waits here:
+group of more than one rank starts the nonblocking ``I*`` routine (or a persistent request,
+:mod:`mpidist.calls.persistent`) and waits here:
 :func:`wait` tests the requests once (the common case ends there) and otherwise polls them,
 backing off, until they complete or the group's ``timeout`` passes.
 

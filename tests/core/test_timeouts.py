@@ -10,6 +10,7 @@ import pytest
 from helpers import gathered, still_works
 
 from mpidist import GroupTimeoutError
+from mpidist.calls import persistent
 
 LIMIT = 1.0
 # the deadline plus the grace period for peers' notices, with room for an oversubscribed machine
@@ -244,3 +245,26 @@ def test_the_spin_before_sleeping_grows_with_the_bytes_a_call_moves():
     assert nbytes_of(None) == 0
     assert spin_for(0) == SPIN_LEAST < spin_for(a.nbytes) < spin_for(1 << 20) <= SPIN
     assert spin_for(1 << 30) == SPIN
+
+
+@pytest.mark.mpi(min_size=2)
+def test_with_persistent_requests_ranks_that_disagree_raise_at_the_group_timeout(dist, rank, size):
+    """The documented cost of persistent requests (mpidist/calls/persistent.py, off by default):
+    two different requests never match, so an unchecked call whose ranks disagree on the count
+    waits until the group's timeout, and raises there on every rank (kept here, after the soak
+    test of tests/calls: the abandoned request stays live, as any timed-out call's does)."""
+    g = _short_group(dist)  # broken at the end: nothing to destroy
+    persistent.enable(True)
+    for _ in range(40):  # past the checked first calls
+        dist.all_reduce(np.ones(2), group=g)
+    got = None
+    try:
+        for _ in range(3):  # the first unchecked call, then two more
+            dist.all_reduce(np.ones(3 if rank == size - 1 else 2), group=g)
+    except RuntimeError as exc:
+        got = exc
+    finally:
+        persistent.enable(False)
+    texts = gathered(dist, None if got is None else type(got).__name__)
+    assert texts == ["GroupTimeoutError"] * size, texts
+    assert g.broken
