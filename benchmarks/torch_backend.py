@@ -108,11 +108,28 @@ class Costly(torch.utils.data.Dataset):
         return x, i % 10
 
 
-def batches(batch: int, workers: int, cost: float) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless batches from a ``DataLoader`` with ``workers`` persistent worker processes."""
-    loader = torch.utils.data.DataLoader(Costly(batch * 64, cost), batch_size=batch, num_workers=workers,
-                                         persistent_workers=True, prefetch_factor=2)
-    return itertools.chain.from_iterable(itertools.repeat(loader))
+class Batches:
+    """Endless batches from a ``DataLoader`` with ``workers`` persistent worker processes;
+    :meth:`close` ends the workers (left to interpreter exit, their shutdown raced the process
+    group's and aborted a rank with "terminate called without an active exception")."""
+
+    def __init__(self, batch: int, workers: int, cost: float) -> None:
+        self.loader = torch.utils.data.DataLoader(Costly(batch * 64, cost), batch_size=batch,
+                                                  num_workers=workers, persistent_workers=True,
+                                                  prefetch_factor=2)
+        self.it: Iterator = itertools.chain.from_iterable(itertools.repeat(self.loader))
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self.it)
+
+    def close(self) -> None:
+        workers = getattr(self.loader, "_iterator", None)
+        if workers is not None:
+            workers._shutdown_workers()
+        self.it = iter(())
 
 
 def ddp_step_time(width: int, depth: int, group: dist.ProcessGroup | None, batch: int, reps: int,
@@ -210,7 +227,7 @@ def main() -> None:
     out = {"ranks": size, "threads": args.threads, "loader_workers": args.loader_workers, "allreduce": []}
     if not args.ddp_only:
         out["allreduce"] = allreduce_table(gloo, _bytes(args.max_bytes), args.reps, args.trials)
-    loader = batches(64, args.loader_workers, args.sample_us * 1e-6) if args.loader_workers else None
+    loader = Batches(64, args.loader_workers, args.sample_us * 1e-6) if args.loader_workers else None
     ddp = []
     for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):
         if label not in args.models.split(","):
@@ -234,6 +251,8 @@ def main() -> None:
         for k in ("overlap", "sync"):  # per round, so that a slow round slows both sides
             row[f"gloo_over_{k}"] = [r["gloo_ms"] / r[f"mpidist_{k}_ms"] for r in row["rounds"]]
         ddp.append(row)
+    if loader is not None:
+        loader.close()
     out["ddp"] = ddp
     if rank == 0 and out["allreduce"]:
         print(f"all_reduce float32, {size} ranks (us per call, slowest rank)")
