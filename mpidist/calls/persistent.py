@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import DType
-from ..core.groups import ProcessGroup, registry
+from ..core.groups import ProcessGroup, free_persistent, registry
 from ..core.timeouts import failure, wait
 from .ops import divide
 
@@ -59,9 +59,7 @@ def enable(on: bool = True) -> None:
     global ON
     ON = bool(on)
     for pg in list(registry.live.values()):
-        requests, pg.persistent = pg.persistent, None
-        for entry in (requests or {}).values():
-            entry[0].Free()
+        free_persistent(pg)
 
 
 #: ``id`` of each predefined MPI op: the only ops a persistent request is made for (they live as
@@ -78,11 +76,17 @@ def _cache(pg: ProcessGroup) -> dict | None:
     return cache if ON and cache is not False else None
 
 
-def _make(pg: ProcessGroup, cache: dict, key: Any, init: Callable[[np.ndarray], MPI.Prequest],
-          like: np.ndarray, *facts: Any) -> tuple | None:
-    """``(request, buffer, *facts)`` for ``key``, the request made by ``init(buffer)`` with a buffer
-    like ``like``, and cached; ``None`` where this MPI has no persistent collectives (then never
-    asked again on ``pg``)."""
+def _entry(pg: ProcessGroup, key: Any, init: Callable[[np.ndarray], MPI.Prequest],
+           like: np.ndarray, *facts: Any) -> tuple | None:
+    """``(request, buffer, *facts)`` for ``key``: cached, or the request made now by
+    ``init(buffer)`` with a buffer like ``like``; ``None`` where persistent requests are off, or
+    this MPI has none (then never asked again on ``pg``)."""
+    cache = _cache(pg)
+    if cache is None:
+        return None
+    entry = cache.get(key)
+    if entry is not None:
+        return entry
     buf = np.empty_like(like)
     try:
         req = init(buf)
@@ -121,9 +125,7 @@ def _set_aside(pg: ProcessGroup, req: MPI.Prequest, buf: np.ndarray) -> None:
             del cache[key]
     pg._abandoned.append((req, buf))
     if pg.comm is None:  # broken: no call will start them again
-        pg.persistent = False
-        for entry in cache.values():
-            entry[0].Free()
+        free_persistent(pg, False)
 
 
 def all_reduce_request(pg: ProcessGroup, arr: np.ndarray, d: DType, op: Any, p: Any,
@@ -138,12 +140,9 @@ def all_reduce_request(pg: ProcessGroup, arr: np.ndarray, d: DType, op: Any, p: 
     if (arr.nbytes > SMALL or p.factor is not None or p.lowprec is not None
             or id(p.op) not in PREDEFINED or getattr(op, "factor", 0) is not None):
         return None
-    cache = _cache(pg)
-    if cache is None:
-        return None
     comm, mop = pg.comm, p.op
-    return _make(pg, cache, (arr.shape, d.name, op.name),
-                 lambda buf: comm.Allreduce_init(IN_PLACE, [buf, d.mpi], mop), arr, sig, p.average)
+    return _entry(pg, (arr.shape, d.name, op.name),
+                  lambda buf: comm.Allreduce_init(IN_PLACE, [buf, d.mpi], mop), arr, sig, p.average)
 
 
 def all_reduce(pg: ProcessGroup, call: Any, entry: tuple, arr: np.ndarray, d: DType) -> None:
@@ -160,16 +159,11 @@ def all_reduce(pg: ProcessGroup, call: Any, entry: tuple, arr: np.ndarray, d: DT
 def broadcast(pg: ProcessGroup, call: Any, arr: np.ndarray, d: DType, root: int) -> bool:
     """``arr`` copied from group rank ``root`` to every rank by ``MPI_Bcast_init`` (once) +
     ``MPI_Start``; ``False`` (nothing done) where persistent requests are off or unsupported."""
-    cache = _cache(pg)
-    if cache is None:
-        return False
-    key = ("broadcast", arr.shape, d.name, root)
-    entry = cache.get(key)
+    comm = pg.comm
+    entry = _entry(pg, ("broadcast", arr.shape, d.name, root),
+                   lambda buf: comm.Bcast_init([buf, d.mpi], root), arr)
     if entry is None:
-        comm = pg.comm
-        entry = _make(pg, cache, key, lambda buf: comm.Bcast_init([buf, d.mpi], root), arr)
-        if entry is None:
-            return False
+        return False
     req, buf = entry
     sending = pg._rank == root
     if sending:
@@ -186,14 +180,9 @@ _NO_DATA = np.empty(0, np.uint8)
 def barrier(pg: ProcessGroup, call: Any) -> bool:
     """``MPI_Barrier_init`` (once) + ``MPI_Start``; ``False`` where persistent requests are off or
     unsupported."""
-    cache = _cache(pg)
-    if cache is None:
-        return False
-    entry = cache.get("barrier")
+    comm = pg.comm
+    entry = _entry(pg, "barrier", lambda _: comm.Barrier_init(), _NO_DATA)
     if entry is None:
-        comm = pg.comm
-        entry = _make(pg, cache, "barrier", lambda _: comm.Barrier_init(), _NO_DATA)
-        if entry is None:
-            return False
+        return False
     _run(pg, call, entry[0], entry[1])
     return True

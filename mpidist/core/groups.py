@@ -223,14 +223,22 @@ def free(pg: ProcessGroup) -> None:
     """Release the communicator of ``pg``; the group object stays, marked destroyed."""
     comm, pg.comm = pg.comm, None
     registry.live.pop(id(pg), None)
-    requests, pg.persistent = pg.persistent, None
-    if comm is not None and not MPI.Is_finalized():
+    if comm is None or MPI.Is_finalized():
+        pg.persistent = None
+    else:
         try:
-            for entry in (requests or {}).values():
-                entry[0].Free()  # inactive between calls; MPI wants them freed before their communicator
+            free_persistent(pg)  # MPI wants them freed before their communicator
             comm.Free()
         except MPI.Exception:
             pass  # revoked under ULFM: the group is gone either way
+
+
+def free_persistent(pg: ProcessGroup, then: bool | None = None) -> None:
+    """Free the persistent requests of ``pg``'s small calls (:mod:`mpidist.calls.persistent`),
+    inactive between calls, and leave ``then`` in their place (``False``: never make more)."""
+    requests, pg.persistent = pg.persistent, then
+    for entry in (requests or {}).values():
+        entry[0].Free()
 
 
 def break_group(pg: ProcessGroup, abandoned: Any, reason: str | None = None) -> None:
