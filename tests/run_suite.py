@@ -44,6 +44,10 @@ OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}
+#: A test of an mpiexec run that is still going after this many seconds has each of its ranks
+#: print every thread's stack (pytest's faulthandler): the run's timeout then names where it hung
+#: instead of ending in silence. A whole run takes about 70 s on 2 cores.
+HUNG_AFTER = ("-o", "faulthandler_timeout=120")
 #: Open MPI refuses root without these, and more ranks than cores without oversubscription;
 #: oversubscribed ranks must yield the core while they wait instead of spinning on it.
 OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -60,6 +64,9 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 # runner repeats these at the end)
 FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) \S+.*$", re.MULTILINE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# faulthandler's dump of a test past HUNG_AFTER: its header, then "Thread 0x... (most recent call
+# first):" blocks of '  File "...", line N in f' lines
+HUNG = re.compile(r"^Timeout \(\d+:\d+:\d+\)!\n(?:(?:Thread|Current thread|  File).*\n)+", re.MULTILINE)
 
 
 def counts(output: str) -> dict[str, int]:
@@ -81,6 +88,20 @@ def failures(output: str, limit: int = 300) -> list[str]:
     return list(seen)
 
 
+def hung(output: str, frames: int = 12) -> list[str]:
+    """Where the tests of a hung run stood: each distinct faulthandler dump, its innermost ``frames``.
+
+    The main thread's stack comes last in a dump; its frames nearest the test (pytest's own
+    frames cut off) say which test and which call.
+    """
+    seen: dict[str, None] = {}
+    for dump in HUNG.findall(ANSI.sub("", output)):
+        lines = [ln.strip() for ln in dump.splitlines()[1:] if ln.startswith("  File")]
+        mine = [ln for ln in lines if "/_pytest/" not in ln and "/pluggy/" not in ln]
+        seen.setdefault(" <- ".join(mine[:frames]), None)
+    return list(seen)
+
+
 def run(label: str, cmd: list[str], timeout: int, ranks: int, extra_env: dict[str, str] | None = None
         ) -> tuple[int, dict[str, int], list[str]]:
     print(f"\n### {label}: {' '.join(cmd)}", flush=True)
@@ -99,7 +120,7 @@ def run(label: str, cmd: list[str], timeout: int, ranks: int, extra_env: dict[st
     print(f"### {label}: rc={rc} {per_run} in {time.monotonic() - t0:.0f} s", flush=True)
     if rc == 5:  # pytest: no tests collected in this run (e.g. every test skipped by markers)
         rc = 0
-    return rc, per_run, failures(out)
+    return rc, per_run, failures(out) + [f"hung: {where}" for where in hung(out)]
 
 
 def subset_files() -> list[str]:
@@ -121,7 +142,7 @@ def openmpi_runs(venv: Path, sizes: list[int], opts: list[str]) -> list[tuple]:
     runs = [("openmpi serial", [str(py), "-m", "pytest", *base], 1, serial_env)]
     for n in sizes:
         runs.append((f"openmpi mpiexec -n {n}", [str(venv / "bin" / "mpiexec"), "-n", str(n), str(py),
-                                                  "-m", "pytest", "--only-mpi", *base], n,
+                                                  "-m", "pytest", "--only-mpi", *HUNG_AFTER, *base], n,
                      {**OPENMPI_ENV, **NO_ABORT}))
     return runs
 
@@ -200,7 +221,7 @@ def main() -> int:
                      {**setup_slurm(a.slurm, slurm_dir), **setup_cluster(a.cluster)}, a.serial_timeout))
     for n in sizes:
         runs.append((f"mpiexec -n {n}", [mpiexec_path(), "-n", str(n), py, "-m", "pytest",
-                                          "--only-mpi", *base], n, NO_ABORT, a.timeout))
+                                          "--only-mpi", *HUNG_AFTER, *base], n, NO_ABORT, a.timeout))
     if a.openmpi:
         ompi_sizes = sizes if a.openmpi_sizes is None else [int(s) for s in a.openmpi_sizes.split(",") if s]
         runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout)
