@@ -106,7 +106,7 @@ TESTS_PER_YIELD = 4
 CLOCK_EVERY = 4
 
 
-def _spin(done: Callable[[], bool], end: float) -> bool:
+def spin_on(done: Callable[[], bool], end: float) -> bool:
     """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
     true or ``end`` passes."""
     yield_ = os.sched_yield
@@ -132,7 +132,7 @@ def poll(done: Callable[[], bool], deadline: float | None,
         bounded_waits.add(me)
     try:
         if b.spin_until:
-            if _spin(done, b.spin_until if deadline is None else min(b.spin_until, deadline)):
+            if spin_on(done, b.spin_until if deadline is None else min(b.spin_until, deadline)):
                 return True
         while not done():
             if not b.sleep(deadline):
