@@ -201,6 +201,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="DDP rounds (gloo, overlap, sync), interleaved")
     ap.add_argument("--models", default="small,large", help="DDP models: small (7 k parameters), large")
     ap.add_argument("--ddp-only", action="store_true", help="only the DDP steps, not the per-call table")
+    ap.add_argument("--noise", action="store_true",
+                    help="also time gloo a second time in each round: gloo/gloo, the ratios' noise floor")
     ap.add_argument("--json", help="also write the results here (rank 0)")
     ap.add_argument("--two-node", action="store_true",
                     help="only the large model's DDP step, with its compute and fp16 compression")
@@ -243,6 +245,9 @@ def main() -> None:
                     backend.SYNC_BYTES = limit  # 0: every bucket nonblocking; huge: every bucket blocking
                     _, r[key] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials,
                                               loader=loader)
+                if args.noise:  # the same backend twice: what a ratio of one round can tell apart
+                    _, r["gloo_again_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps,
+                                                          args.trials, loader=loader)
                 row["rounds"].append({k: v * 1e3 for k, v in r.items()})
         finally:
             backend.SYNC_BYTES = saved
@@ -250,6 +255,8 @@ def main() -> None:
             row[k] = statistics.median(r[k] for r in row["rounds"])
         for k in ("overlap", "sync"):  # per round, so that a slow round slows both sides
             row[f"gloo_over_{k}"] = [r["gloo_ms"] / r[f"mpidist_{k}_ms"] for r in row["rounds"]]
+        if args.noise:
+            row["gloo_over_gloo"] = [r["gloo_ms"] / r["gloo_again_ms"] for r in row["rounds"]]
         ddp.append(row)
     if loader is not None:
         loader.close()
@@ -265,11 +272,14 @@ def main() -> None:
         feed = f", {args.loader_workers} loader workers each" if args.loader_workers else ""
         print(f"\nDDP step, {size} ranks x {args.threads} threads{feed} (ms per step, slowest rank)")
         print(f"{'model':>6} {'params':>10} {'gloo':>9} {'md overlap':>11} {'md sync':>9} "
-              f"{'gloo/overlap':>14} {'gloo/sync':>14}   (medians; ratios: min-max of the rounds)")
+              f"{'gloo/overlap':>14} {'gloo/sync':>14}{' gloo/gloo' if args.noise else ''}"
+              "   (medians; ratios: min-max of the rounds)")
         for r in ddp:
-            spans = [f"{min(r[k]):.2f}-{max(r[k]):.2f}" for k in ("gloo_over_overlap", "gloo_over_sync")]
+            spans = [f"{min(r[k]):.2f}-{max(r[k]):.2f}" for k in ("gloo_over_overlap", "gloo_over_sync",
+                                                                   "gloo_over_gloo") if k in r]
             print(f"{r['model']:>6} {r['params']:>10} {r['gloo_ms']:>9.2f} {r['mpidist_overlap_ms']:>11.2f} "
-                  f"{r['mpidist_sync_ms']:>9.2f} {spans[0]:>14} {spans[1]:>14}")
+                  f"{r['mpidist_sync_ms']:>9.2f} {spans[0]:>14} {spans[1]:>14}"
+                  + (f" {spans[2]:>9}" if args.noise else ""))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=1)
