@@ -23,6 +23,22 @@ def pytest_unconfigure(config):
         shm.unlink_own()
 
 
+def pytest_runtest_logreport(report):
+    """Under ``mpiexec``, a failing test is named at once, in the form of pytest's summary line.
+
+    pytest prints failures at the end of the session, and a rank that fails between two
+    collectives can leave its peers waiting until the runner's timeout kills the job before any
+    rank gets there (``run_suite.py`` then repeats these lines and where each rank hung).
+    """
+    rank = os.environ.get("PMI_RANK") or os.environ.get("PMIX_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    if rank is None or not report.failed:
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = crash.message.splitlines()[0] if crash is not None and crash.message else report.when
+    sys.stderr.write(f"\nFAILED {report.nodeid} on rank {rank} ({report.when}) - {why}\n")
+    sys.stderr.flush()
+
+
 @pytest.fixture
 def dist():
     """mpidist with the default group initialised (and left initialised for the next test)."""
