@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from ..checks import debug, signature
 from ..checks.fingerprint import ARRAY, OP, ROOT, agree
-from ..core.buffers import DType, as_buffer, as_buffers
+from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
 from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
 from ..core.registry import define
 from ..core.timeouts import failure, wait
@@ -59,13 +59,20 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     pg = registry.world if group is None else group  # resolve() and plan() inlined for the common case
     if type(pg) is not ProcessGroup or pg.comm is None:
         pg = resolve(group, call)
-    staging: list = []
-    try:
-        arr, d = as_buffer(tensor, call, "tensor", True, staging)
-    except TypeError:
-        if sparse.is_sparse(tensor):  # gathered and summed (mpidist/calls/sparse.py); off the fast path
-            return sparse.all_reduce(tensor, op, pg, async_op)
-        raise
+    # as_buffer's common case checked here: its call costs 0.15 us, which ranks that share cores
+    # pay several times over (docs/benchmarks.md); anything else it converts, or refuses
+    d = AS_IS.get(tensor.dtype) if type(tensor) is np.ndarray else None
+    flags = tensor.flags if d is not None else None
+    if flags is not None and flags.c_contiguous and flags.writeable:
+        arr, staging = tensor, None
+    else:
+        staging = []
+        try:
+            arr, d = as_buffer(tensor, call, "tensor", True, staging)
+        except TypeError:
+            if sparse.is_sparse(tensor):  # gathered and summed (mpidist/calls/sparse.py); off the fast path
+                return sparse.all_reduce(tensor, op, pg, async_op)
+            raise
     small = pg.persistent
     if small and type(op) is ReduceOp and not (async_op or debug.LEVEL or staging):
         # a small call made before: its persistent request, signature and plan, found at once

@@ -63,6 +63,9 @@ _BY_NUMPY: dict[np.dtype, DType] = {
         _dtype("clongdouble", MPI.C_LONG_DOUBLE_COMPLEX, "c"),
     )
 }
+#: The numpy dtypes MPI moves as they are (no view): a contiguous, writable numpy array of one
+#: of these is what :func:`as_buffer` returns unchanged, which ``all_reduce`` checks inline.
+AS_IS: dict[np.dtype, DType] = {k: d for k, d in _BY_NUMPY.items() if k == d.raw}
 BFLOAT16 = _dtype("bfloat16", MPI.UINT16_T, "bf16", "uint16")
 FLOAT16 = _BY_NUMPY[np.dtype("float16")]
 
