@@ -165,6 +165,43 @@ def test_failure_message_names_the_dead(tmp_path):
         assert "broadcast" in m and "rank 1 (" in m and "shrink_group([1])" in m, m
 
 
+def test_mpi_err_other_on_a_revoked_or_failed_communicator_is_a_failure(tmp_path):
+    """Open MPI's nonblocking collectives end a request whose schedule met a revoked
+    communicator or a dead peer with MPI_ERR_OTHER (seen in CI on the simulated cluster): that
+    class counts as a failure there, and only there."""
+    r = job(tmp_path, 3, """
+        from mpi4py import MPI
+        from mpidist.core import faults
+        dist.init_process_group("mpi")
+        me = dist.get_rank()
+        healthy, revoked, lost = (MPI.COMM_WORLD.Dup() for _ in range(3))
+        other, arg = MPI.Exception(MPI.ERR_OTHER), MPI.Exception(MPI.ERR_ARG)
+        if me == 0:
+            revoked.Revoke()
+        end = time.time() + 30
+        while not revoked.Is_revoked() and time.time() < end:  # the revoke travels (bounded)
+            time.sleep(0.01)
+        say("REVOKED", me, faults.is_failure(other, revoked), faults.is_failure(arg, revoked),
+            faults.is_failure(other, healthy), faults.is_failure(other, None))
+        dist.barrier()
+        if me == 2:
+            die("kill")
+        end = time.time() + 30
+        while not faults._known_dead(lost) and time.time() < end:  # until the detector names it
+            try:
+                lost.Barrier()
+            except MPI.Exception:
+                pass
+            time.sleep(0.05)
+        say("DEAD", me, faults._known_dead(lost), faults.is_failure(other, lost))
+    """)
+    revoked = sorted(lines(r.stdout, "REVOKED"))
+    assert revoked == [["REVOKED", str(k), "True", "False", "False", "False"] for k in range(3)], \
+        r.stdout + r.stderr
+    assert sorted(lines(r.stdout, "DEAD")) == [["DEAD", str(k), "[2]", "True"] for k in (0, 1)], \
+        r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("first", ["mpidist", "mpi4py"])
 def test_a_job_that_loses_no_rank_exits_0(tmp_path, first):
     """Open MPI's MPI_Finalize can hang with the threaded detector: mpidist leaves it out, also
