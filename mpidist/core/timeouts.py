@@ -95,8 +95,8 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         # then the spin on the bare test: a peer's notice is looked for only once it has passed
         # (within milliseconds, where the timeout is seconds), since the look costs more than a
         # test and ranks that share cores pay for every instruction between two of them
-        # (8 B all_reduce on 2 cores: 2.49-2.60x raw MPI_Allreduce at 16 ranks with the look,
-        # 1.98-2.12x without; docs/benchmarks.md, "Where ranks share cores")
+        # (8 B all_reduce on 2 cores: 2.37-2.58x raw MPI_Allreduce at 16 ranks with the look,
+        # 1.99-2.20x without; docs/benchmarks.md, "Where ranks share cores")
         limit = seconds(pg.timeout) if timeout is None else timeout
         start = time.monotonic()
         end = start + spin_for(nbytes_of(keep))
