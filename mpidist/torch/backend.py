@@ -125,6 +125,15 @@ class MpidistProcessGroup(tdist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> twork.Work:
         opts = opts or tdist.AllreduceOptions()
         op = _torch_op(opts.reduceOp)
+        if len(tensors) == 1 and not _profiler._is_profiler_enabled:
+            # one tensor (dist.all_reduce, each DDP bucket): _run inlined, since after a call
+            # larger than the L2 cache every line of Python here runs with cold caches
+            # (docs/benchmarks.md, "The torch backend after a large call")
+            t = tensors[0]
+            limit = self._sync_limit
+            if not getattr(opts, "asyncOp", True) or (limit and t.numel() * t.element_size() <= limit):
+                collectives.all_reduce(t, op, group=self.mpi_group)
+                return twork.done(tensors)
         return self._run("allreduce", opts, lambda: _nbytes(tensors), tensors,
                          collectives.all_reduce, [(t, op) for t in tensors])
 

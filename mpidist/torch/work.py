@@ -21,6 +21,12 @@ from .progress import Pending, engine
 class Work(tdist.Work):
     """A torch ``Work`` over mpidist work: ``wait``, ``is_completed``, ``get_future``, ``result``."""
 
+    # finished work (:func:`done`, every blocking call) sets only ``_value``
+    _future: torch.futures.Future | None = None
+    _pending: Pending | None = None
+    _timeout: float | None = None
+    _source: Callable[[], int] | None = None
+
     def __init__(self, future: torch.futures.Future | None, pending: Pending | None = None,
                  timeout: float | None = None, source: Callable[[], int] | None = None,
                  value: Any = None) -> None:
@@ -80,9 +86,17 @@ class Work(tdist.Work):
         return self._source_rank()
 
 
+class _Done(Work):
+    """Finished work: the class defaults but ``_value``."""
+
+    def __init__(self, value: Any) -> None:
+        tdist.Work.__init__(self)
+        self._value = value
+
+
 def done(value: Any) -> Work:
     """A finished :class:`Work` whose future holds ``value``."""
-    return Work(None, value=value)
+    return _Done(value)
 
 
 def pending(works: Sequence[MpiWork], value: Any, call: str, timeout: float | None,

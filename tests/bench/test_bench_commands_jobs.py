@@ -38,6 +38,8 @@ TINY: dict[str, list[str]] = {
                    "--repeat", "1", "--timeout", "150"],
     "torch_backend.py": ["--max-bytes", "64", "--reps", "2", "--trials", "1", "--large-width", "16",
                          "--ddp-reps", "2", "--rounds", "1", "--sample-us", "5"],
+    "torch_layers.py": ["--sizes", "4", "--sweep", "0,4KiB", "--rounds", "1", "--target", "0.0005",
+                        "--sweep-reps", "3"],
     "waits.py": ["--rounds", "1", "--target", "0.0005"],
     "scale.py": ["--ranks", "2", "--rounds", "1", "--target", "0.0005", "--timeout-s", "0.5",
                  "--out", "{out}", "--no-plot"],

@@ -110,6 +110,26 @@ def test_all_reduce_future_completes_without_wait(tw, me, n):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("limit", [1 << 20, 0], ids=["blocking", "overlapped"])
+def test_all_reduce_work_of_one_tensor(tw, me, n, limit, monkeypatch):
+    """The one-tensor path (blocking where the bytes are under the group's limit, else the
+    progress thread's): torch's Work answers as for any call, its future holds the caller's tensor."""
+    from mpidist.torch import backend
+
+    monkeypatch.setattr(backend, "SYNC_BYTES", limit)  # read when a group is made
+    g = tw.new_group(list(range(n)))
+    t = torch.full((6,), float(me + 1))
+    work = tw.all_reduce(t, group=g, async_op=True)
+    assert work.wait()
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    got = work.get_future().value()
+    assert isinstance(got, list) and got[0] is t
+    assert work.result()[0] is t
+    np.testing.assert_allclose(t.numpy(), np.full(6, n * (n + 1) / 2))
+    tw.destroy_process_group(g)
+
+
+@pytest.mark.mpi
 def test_all_reduce_coalesced(tw, me, n):
     ts = [torch.full((3,), float(me)), torch.full((2, 2), float(2 * me))]
     work = tw.group.WORLD.allreduce_coalesced(ts, tdist.AllreduceCoalescedOptions())
