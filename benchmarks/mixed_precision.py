@@ -40,17 +40,12 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from suite.sizes import parse_size  # noqa: E402
 from suite.timing import interleave, paired_ratio, python_loop, summary  # noqa: E402
 
 import mpidist as dist  # noqa: E402
 from mpidist.calls import lowprec, words  # noqa: E402
 from mpidist.core.buffers import as_buffer  # noqa: E402
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMG")) * mult)
 
 
 def make_array(dtype: str, count: int) -> np.ndarray:

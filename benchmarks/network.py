@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
+from suite.sizes import parse_sizes  # noqa: E402
 
 QUICK_SIZES = "8,64K,1M,16M"
 DEFAULT_SIZES = "8,4K,64K,1M,4M,16M"
@@ -118,12 +119,6 @@ def lowprec_job(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ on the head: the cluster
-
-def parse_sizes(text: str) -> list[int]:
-    from run import parse_size
-
-    return [parse_size(s) for s in text.split(",") if s]
-
 
 def run_job(cluster, argv: list[str], env: dict, timeout: float, log) -> bool:
     t0 = time.monotonic()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import socket
 import sys
 import time
@@ -27,18 +26,11 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite.sizes import parse_size  # noqa: E402  (also run.parse_size, for network.py and the tests)
 
 DEFAULT_SIZES = "8,64,512,4K,64K,1M,16M,64M"
 QUICK_SIZES = "8,64K,1M"
 LEVELS = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
-
-
-def parse_size(text: str) -> int:
-    """``"8"``, ``"64K"``, ``"64KiB"``, ``"1M"``, ``"16MiB"`` → bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 8, 64K, 1M, 16MiB)")
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

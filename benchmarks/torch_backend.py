@@ -33,18 +33,10 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from suite.sizes import parse_size
 
 import mpidist.torch  # noqa: F401
 from mpidist.torch import backend
-
-
-def _bytes(text: str) -> int:
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
-    low = text.strip().lower()
-    for u, m in units.items():
-        if low.endswith(u):
-            return int(float(low[: -len(u)]) * m)
-    return int(low)
 
 
 def timed(fn: Callable[[], None], reps: int, trials: int) -> float:
@@ -228,7 +220,7 @@ def main() -> None:
     args.ddp_reps = args.ddp_reps or 10
     out = {"ranks": size, "threads": args.threads, "loader_workers": args.loader_workers, "allreduce": []}
     if not args.ddp_only:
-        out["allreduce"] = allreduce_table(gloo, _bytes(args.max_bytes), args.reps, args.trials)
+        out["allreduce"] = allreduce_table(gloo, parse_size(args.max_bytes), args.reps, args.trials)
     loader = Batches(64, args.loader_workers, args.sample_us * 1e-6) if args.loader_workers else None
     ddp = []
     for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 from mpi4py import MPI
+from suite.sizes import parse_sizes
 from suite.timing import interleave
 
 import mpidist
@@ -40,14 +41,6 @@ import mpidist.torch  # noqa: F401  (registers the backend)
 from mpidist.torch import backend
 
 LAYERS = ("torch.distributed", "backend method", "mpidist(tensor)", "mpidist(ndarray)", "mpi4py")
-
-
-def _bytes(text: str) -> int:
-    low = text.strip().lower()
-    for unit, mult in (("kib", 1 << 10), ("mib", 1 << 20), ("b", 1)):
-        if low.endswith(unit):
-            return int(float(low[: -len(unit)]) * mult)
-    return int(low)
 
 
 def _loop(fn: Callable[[], object]) -> Callable[[int], float]:
@@ -138,9 +131,8 @@ def main() -> None:
     tdist.init_process_group("mpidist")
     comm = MPI.COMM_WORLD.Dup()
     rank = comm.rank
-    sizes = [_bytes(s) for s in args.sizes.split(",")]
-    rows = [{"bytes": n, **layers(comm, n, args.rounds, args.target)} for n in sizes]
-    sweeps = [{"bytes": n, **after_sweep(n, args.sweep_reps)} for n in map(_bytes, args.sweep.split(","))]
+    rows = [{"bytes": n, **layers(comm, n, args.rounds, args.target)} for n in parse_sizes(args.sizes)]
+    sweeps = [{"bytes": n, **after_sweep(n, args.sweep_reps)} for n in parse_sizes(args.sweep)]
     if rank == 0:
         l2 = l2_bytes()
         print(f"all_reduce float32, {comm.size} ranks: us per call (over mpi4py's); "
