@@ -44,10 +44,15 @@ class Work(tdist.Work):
         :meth:`.progress.Engine.wait`); past ``timeout``, a ``RuntimeError`` here only.
         """
         p = self._pending
-        if p is not None and not p.done:
+        if p is None:
+            return True
+        if not p.done:
             engine.wait(p, seconds(timeout) if timeout else None)
-        elif p is not None and p.error is not None:
+        elif p.error is not None:
             raise p.error
+        fut = self._future
+        if not fut.done():  # the progress thread marks the work done just before it sets the future
+            fut.wait()
         return True
 
     def synchronize(self) -> None:
@@ -55,9 +60,11 @@ class Work(tdist.Work):
 
     def is_completed(self) -> bool:
         p = self._pending
-        if p is not None and not p.done:
+        if p is None:
+            return True
+        if not p.done:
             engine.poll()
-        return p is None or p.done
+        return p.done and self._future.done()
 
     def is_success(self) -> bool:
         return self.is_completed() and (self._pending is None or self._pending.error is None)

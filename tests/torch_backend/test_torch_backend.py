@@ -6,6 +6,8 @@ numpy on the per-rank inputs, which every rank can rebuild (``rank_data``).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from helpers import rank_data
@@ -113,19 +115,28 @@ def test_all_reduce_future_completes_without_wait(tw, me, n):
 @pytest.mark.parametrize("limit", [1 << 20, 0], ids=["blocking", "overlapped"])
 def test_all_reduce_work_of_one_tensor(tw, me, n, limit, monkeypatch):
     """The one-tensor path (blocking where the bytes are under the group's limit, else the
-    progress thread's): torch's Work answers as for any call, its future holds the caller's tensor."""
+    progress thread's): torch's Work answers as for any call, its future holds the caller's
+    tensor the moment ``wait()`` returns (the progress thread used to mark the work done just
+    before it set the future, so ``get_future().value()`` right after ``wait()`` hit torch's
+    ``completed()`` assertion in most calls)."""
     from mpidist.torch import backend
 
     monkeypatch.setattr(backend, "SYNC_BYTES", limit)  # read when a group is made
     g = tw.new_group(list(range(n)))
-    t = torch.full((6,), float(me + 1))
-    work = tw.all_reduce(t, group=g, async_op=True)
-    assert work.wait()
-    assert work.is_completed() and work.is_success() and work.exception() is None
-    got = work.get_future().value()
-    assert isinstance(got, list) and got[0] is t
-    assert work.result()[0] is t
-    np.testing.assert_allclose(t.numpy(), np.full(6, n * (n + 1) / 2))
+    for i in range(40):
+        t = torch.full((6,), float(me + i))
+        work = tw.all_reduce(t, group=g, async_op=True)
+        assert work.wait()
+        assert work.is_completed() and work.is_success() and work.exception() is None
+        got = work.get_future().value()
+        assert isinstance(got, list) and got[0] is t
+        assert work.result()[0] is t
+        np.testing.assert_allclose(t.numpy(), np.full(6, n * (n - 1) / 2 + n * i))
+        later = tw.all_reduce(torch.ones(2), group=g, async_op=True)
+        deadline = time.monotonic() + 30
+        while not later.is_completed() and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        assert later.get_future().value()[0].tolist() == [n, n]
     tw.destroy_process_group(g)
 
 
