@@ -79,7 +79,11 @@ class Pending:
         return True
 
     def settle(self) -> None:
-        """Complete the torch future (outside the poll lock: callbacks may wait on work)."""
+        """Complete the torch future (outside the poll lock: callbacks may wait on work).
+
+        ``done`` is set first, so that a callback that waits on this very work returns; so a
+        waiter can see ``done`` before the future is set, and :meth:`.work.Work.wait` waits
+        for the future too."""
         self.done = True
         self.event.set()
         if self.error is not None:
