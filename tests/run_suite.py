@@ -35,12 +35,14 @@ from cluster import harness as cluster_harness  # noqa: E402
 from launcher import mpiexec_path  # noqa: E402
 from slurm import harness  # noqa: E402
 
-#: Test files that also run under Open MPI: world, groups, every collective family, abort, and
+#: Test files that also run under Open MPI: world, groups, every collective family (the C all_reduce
+#: on Open MPI's pointer handles among them), abort, and
 #: surviving a dead rank (ULFM, which only Open MPI offers here).
 OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_groups.py",
                   "core/test_groups_jobs.py", "calls/test_collectives*.py", "calls/test_reduce_ops.py",
-                  "calls/test_p2p.py", "calls/test_objects.py", "checks/test_failure.py",
-                  "survive/test_survive_*.py", "survive/test_shrink.py", "survive/test_startup_race.py")
+                  "calls/test_native.py", "calls/test_p2p.py", "calls/test_objects.py",
+                  "checks/test_failure.py", "survive/test_survive_*.py", "survive/test_shrink.py",
+                  "survive/test_startup_race.py")
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}

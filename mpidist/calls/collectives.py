@@ -21,9 +21,9 @@ from ..checks.fingerprint import ARRAY, OP, ROOT, agree
 from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
 from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
 from ..core.registry import define
-from ..core.timeouts import failure, wait
+from ..core.timeouts import failure, wait, wait_pending
 from ..core.work import Work
-from . import persistent, sparse
+from . import native, persistent, sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
 from .path import Step, from_list, issue, output_and_input, overlap, size_error, then
 
@@ -90,24 +90,31 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     if not (async_op or p.lowprec or debug.LEVEL or staging):
         # the common case, issue() inlined: this call's overhead is measured in benchmarks/
         pg.seq += 1
-        buf = [arr, d.mpi]
         if signature.ON and pg._size > 1:
             signature.note(pg, sig)
         if p.factor is not None:
             premultiply(arr, d, p.factor, out=arr)
         if pg._size == 1:
-            pg.comm.Allreduce(IN_PLACE, buf, p.op)
+            pg.comm.Allreduce(IN_PLACE, [arr, d.mpi], p.op)
         else:
             entry = persistent.all_reduce_request(pg, arr, d, op, p, sig) if persistent.ON else None
             if entry is not None:
                 persistent.all_reduce(pg, call, entry, arr, d)
                 return None
+            fast = native.allreduce
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
-                req = pg.comm.Iallreduce(IN_PLACE, buf, p.op)
-                if not req.Test():
-                    wait((req,), pg, call, buf)
+                # the C path: MPI_Iallreduce and the wait's spin in one call (calls/native.py)
+                pending = (NotImplemented if fast is None
+                           else fast(arr, d.handle, d.extent, p.handle, pg.handle))
+                if pending is NotImplemented:
+                    buf = [arr, d.mpi]
+                    req = pg.comm.Iallreduce(IN_PLACE, buf, p.op)
+                    if not req.Test():
+                        wait((req,), pg, call, buf)
+                elif pending is not None:
+                    wait_pending(pending, pg, call, arr)
             except MPI.Exception as exc:
-                raise failure(pg, call, exc, buf) from None
+                raise failure(pg, call, exc, arr) from None
         if p.average:
             divide(arr, d, pg._size)
         return None

@@ -85,6 +85,7 @@ class Plan(NamedTuple):
     average: bool  # divide by the group size after the SUM
     factor: Any  # multiply inputs by this before the SUM (PREMUL_SUM), else None
     lowprec: lowprec.Reduction | None = None  # fp16/bf16: the whole reduction, done by lowprec
+    handle: int = 0  # the op's MPI handle, for the C all_reduce (mpidist.calls.native)
 
     def reducer(self, comm: MPI.Comm, wait: lowprec.Wait) -> Any:
         """What to call ``Allreduce``/``Reduce``/``Reduce_scatter_block`` (and ``I*``) on.
@@ -137,10 +138,14 @@ def _build(name: str, d: DType, call: str) -> Plan:
         )
     average = name == "AVG"
     if kind == "b":
-        return Plan(_BOOL[name], False, None)
+        return _plan(_BOOL[name], False)
     if kind in ("f16", "bf16"):  # scaling happens in float32 inside the reduction
-        return Plan(MPI.OP_NULL, False, None, lowprec.Reduction(kind, _UFUNC[name], average))
-    return Plan(_BASE[name], average, None)
+        return _plan(MPI.OP_NULL, False, lowprec.Reduction(kind, _UFUNC[name], average))
+    return _plan(_BASE[name], average)
+
+
+def _plan(op: MPI.Op, average: bool, low: lowprec.Reduction | None = None) -> Plan:
+    return Plan(op, average, None, low, MPI._handleof(op))
 
 
 def plan(op: Any, d: DType, call: str) -> Plan:
@@ -164,7 +169,7 @@ def plan(op: Any, d: DType, call: str) -> Plan:
     value = factor.reshape(()).item()
     if p.lowprec is not None:
         return p._replace(lowprec=p.lowprec._replace(scale=value))
-    return Plan(p.op, False, value)
+    return p._replace(average=False, factor=value)
 
 
 def op_name(op: Any, call: str) -> str:

@@ -27,7 +27,8 @@ class ProcessGroup:
     """
 
     __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
-                 "timeout", "seq", "broken", "_abandoned", "signatures", "persistent", "__weakref__")
+                 "timeout", "seq", "broken", "_abandoned", "signatures", "persistent", "handle",
+                 "__weakref__")
 
     def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
                  timeout: timedelta | None) -> None:
@@ -46,6 +47,8 @@ class ProcessGroup:
         #: key -> (persistent request, its buffer, ...) of the small blocking calls
         #: (:mod:`mpidist.calls.persistent`); ``False`` where MPI has no persistent collectives
         self.persistent: dict | bool | None = None
+        #: ``comm``'s MPI handle, for the C all_reduce (:mod:`mpidist.calls.native`)
+        self.handle: int = MPI._handleof(comm)
 
     def rank(self) -> int:
         """This process's rank in the group."""

@@ -107,6 +107,15 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start)
 
 
+def wait_pending(handle: int, pg: ProcessGroup, call: Any, keep: Any) -> None:
+    """Go on with :func:`wait` for the request ``handle`` that the C all_reduce
+    (:mod:`mpidist.calls.native`) left pending after its quick tests and its spin, which are
+    :func:`wait`'s own: the bounded wait's polling loop, from where the spin ended."""
+    req = MPI.Request.fromhandle(handle)
+    until(req.Test, pg, call, ((req,), keep), None, None, 0.0,
+          time.monotonic() - spin_for(nbytes_of(keep)))
+
+
 def tester(reqs: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
            ) -> Callable[[], bool]:
     """The cheapest test of ``reqs`` (``True`` once all are complete, ``statuses`` filled):

@@ -1,0 +1,95 @@
+"""The C all_reduce (``_iallreduce.c``): which MPI routines it calls, and whether it may run.
+
+A small blocking all_reduce spends more time in Python than in MPI: mpi4py's request object,
+each ``MPI_Test`` through mpi4py, the loop that yields the core between tests
+(docs/benchmarks.md, "The 8 B all_reduce in C"). The C module starts the in-place
+``MPI_Iallreduce`` and runs the first part of the bounded wait of
+:func:`mpidist.core.timeouts.wait` (the same quick tests and the same spin, with the same
+constants); what is still pending after it comes back as a request handle, and the bounded wait
+goes on in Python.
+
+It is built at install where a C compiler is found (``setup.py``), and needs no MPI header: the
+routines are looked up in the MPI library mpi4py loaded, and the handles pass as integers. It
+runs only where that library's handle ABI is known, as mpi4py's wheels tell it: MPICH's (int
+handles, ``MPI_IN_PLACE`` is ``(void *)-1``: MPICH, Intel MPI, Cray MPICH, MVAPICH) or Open MPI's
+(pointer handles, ``MPI_IN_PLACE`` is ``(void *)1``). Elsewhere (the standard ABI, an unknown MPI,
+no compiler, ``MPIDIST_NATIVE=0``) :data:`allreduce` is ``None`` and every call goes through
+mpi4py, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Callable
+
+from mpi4py import MPI
+
+from ..core import timeouts, waiting
+
+#: ``allreduce(array, datatype handle, extent, op handle, comm handle)``: ``None`` when done,
+#: the pending request's handle, or ``NotImplemented`` (a count past ``INT_MAX``); ``None``
+#: where the C path is not available (see the module).
+allreduce: Callable[[Any, int, int, int, int], Any] | None = None
+#: Why the C path is off, where it is (``python -m mpidist info`` and the tests print it).
+why_not: str = ""
+#: Whether ``MPIDIST_NATIVE`` allows it (``0``/``off`` turns it off).
+ALLOWED: bool = os.environ.get("MPIDIST_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def handle_abi(lib: Any) -> str | None:
+    """``"mpich"`` or ``"openmpi"``: the handle ABI of the MPI library ``lib`` (a ``ctypes.CDLL``
+    that resolves mpi4py's symbols), checked against the size mpi4py gives its handles; ``None``
+    for any other (the standard ABI, where ``MPI_Abi_get_version`` reports one)."""
+    comm_size = MPI._sizeof(MPI.Comm)
+    if hasattr(lib, "ompi_mpi_comm_self"):
+        return "openmpi" if comm_size == ctypes.sizeof(ctypes.c_void_p) else None
+    if _standard_abi(lib):
+        return None
+    return "mpich" if comm_size == ctypes.sizeof(ctypes.c_int) else None
+
+
+def _standard_abi(lib: Any) -> bool:
+    get = getattr(lib, "MPI_Abi_get_version", None)
+    if get is None:
+        return False
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_int)] * 2
+    return get(ctypes.byref(major), ctypes.byref(minor)) == 0 and major.value > 0
+
+
+def _address(lib: Any, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+
+
+def enable(on: bool = True) -> str:
+    """Use the C all_reduce where it can run (``on``), or mpi4py's always; returns why it is
+    off, or ``""``. Every rank of a job may choose alone: both paths make the same MPI call."""
+    global allreduce, why_not
+    allreduce, why_not = None, ""
+    if not on:
+        why_not = "turned off (MPIDIST_NATIVE=0)"
+        return why_not
+    try:
+        from . import _iallreduce as module
+    except ImportError:
+        why_not = "not built (no C compiler at install)"
+        return why_not
+    try:
+        lib = ctypes.CDLL(MPI.__file__)  # its symbols resolve in the MPI library mpi4py loaded
+        abi = handle_abi(lib)
+        at = _address(lib, "MPI_Iallreduce"), _address(lib, "MPI_Test")
+    except (OSError, AttributeError) as exc:
+        why_not = f"the MPI library's routines cannot be found ({exc})"
+        return why_not
+    if abi is None:
+        why_not = "the MPI library's handle ABI is neither MPICH's nor Open MPI's"
+        return why_not
+    module.setup(*at, abi == "openmpi", -1 if abi == "mpich" else 1, MPI.Exception,
+                 timeouts.QUICK_TESTS, waiting.TESTS_PER_YIELD, waiting.CLOCK_EVERY,
+                 waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN)
+    allreduce = module.allreduce
+    return why_not
+
+
+enable(ALLOWED)
