@@ -57,3 +57,16 @@ def test_usage_and_unknown_command():
     assert r.returncode == 2 and "usage: python -m mpidist info" in r.stdout
     r = run_python(["-m", "mpidist", "frobnicate"], timeout=60)
     assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_info_says_whether_the_c_all_reduce_runs(setting):
+    from mpidist.calls import native
+
+    r = run_python(["-m", "mpidist", "info", "--json"], timeout=60, env={"MPIDIST_NATIVE": setting})
+    assert r.returncode == 0, r.stderr
+    said = json.loads(r.stdout)["c_all_reduce"]
+    if setting == "0":
+        assert said == "off: turned off (MPIDIST_NATIVE=0)"
+    else:  # this process's own answer, for the same installation and MPI
+        assert said == ("on" if native.allreduce is not None else f"off: {native.why_not}")
