@@ -13,7 +13,7 @@ The candidates: ``Wait`` (MPI blocks), ``Waitany`` over the call and a posted no
 ``Test`` + ``sched_yield``, the loop mpidist 0.1 waited in (32 tests a step, the first 100 µs
 without yielding), 4 and 16 tests back to back between yields (mpidist's wait: 4), a persistent
 request (``MPI_Allreduce_init`` once, then ``MPI_Start``, with the copy in and out that
-mpidist's small calls make), the C all_reduce module alone (``_iallreduce.c``: the call and the
+mpidist's small calls make), the C module's all_reduce alone (``_native.c``: the call and the
 wait's spin in C, no Python around it), and mpidist's ``all_reduce``, through the C module
 (its default) and through mpi4py (as with ``MPIDIST_NATIVE=0``). ``--busy N`` runs N threads of
 matrix products per rank (numpy, which lets go of the GIL), as torch's threads do in training.
@@ -128,7 +128,7 @@ def candidates(comm: MPI.Intracomm, nbytes: int
 
 
 def through_mpi4py(loop: Loop) -> Loop:
-    """``loop`` with the C all_reduce off while it runs (what ``MPIDIST_NATIVE=0`` gives)."""
+    """``loop`` with the C calls off while it runs (what ``MPIDIST_NATIVE=0`` gives)."""
     def run(iters: int) -> float:
         kept, native.allreduce = native.allreduce, None
         try:

@@ -35,7 +35,7 @@ from cluster import harness as cluster_harness  # noqa: E402
 from launcher import mpiexec_path  # noqa: E402
 from slurm import harness  # noqa: E402
 
-#: Test files that also run under Open MPI: world, groups, every collective family (the C all_reduce
+#: Test files that also run under Open MPI: world, groups, every collective family (the C calls
 #: on Open MPI's pointer handles among them), abort, and
 #: surviving a dead rank (ULFM, which only Open MPI offers here).
 OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_groups.py",

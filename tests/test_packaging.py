@@ -5,7 +5,7 @@ Serial (about a minute): the tracked files are copied to a temporary directory a
 installed with the ``mpich`` extra into a new virtualenv and a 2-rank job checks a float32 and a
 float16 ``all_reduce`` against numpy, from outside the repository (the installed package, not
 the sources). The sdist is then installed with no C compiler (``CC=false``): mpidist installs
-without the kernel or the C all_reduce, and the float16 reduction still comes out right, in numpy
+without the kernel or the C calls, and the float16 reduction still comes out right, in numpy
 (and the float32 one through mpi4py). The metadata states
 every Python the Makefile tries, ranges (no pins), the license file, ``Typing :: Typed``.
 """
@@ -42,7 +42,7 @@ dist.all_reduce(h)
 assert (h == want.astype(np.float16)).all(), (h, want)
 if r == 0:
     print("kernel", words._kernel.isa if words._kernel else None, "from", dist.__file__)
-    print("C all_reduce", "on" if native.allreduce else native.why_not)
+    print("C calls", "on" if native.allreduce else native.why_not)
 dist.destroy_process_group()
 """
 
@@ -95,7 +95,7 @@ def test_wheel_holds_the_kernel_the_marker_and_the_license(dist_dir):
     with zipfile.ZipFile(_one(dist_dir, "*.whl")) as z:
         names = z.namelist()
     if shutil.which(os.environ.get("CC", "cc")):
-        for module in ("_words16", "_iallreduce"):
+        for module in ("_words16", "_native"):
             assert [n for n in names if re.fullmatch(rf"mpidist/calls/{module}\..*\.so", n)], names
     assert "mpidist/py.typed" in names
     assert [n for n in names if re.search(r"\.dist-info/(licenses/)?LICENSE$", n)], names
@@ -106,7 +106,7 @@ def test_sdist_holds_what_the_build_and_the_reader_need(dist_dir):
     with tarfile.open(_one(dist_dir, "*.tar.gz")) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     need = {"setup.py", "setup.cfg", "pyproject.toml", "mpidist/calls/_words16.c",
-            "mpidist/calls/_iallreduce.c", "mpidist/py.typed",
+            "mpidist/calls/_native.c", "mpidist/py.typed",
             "LICENSE", "README.md", "CHANGELOG.md"}
     assert need <= names, need - names
 
@@ -147,12 +147,12 @@ def test_wheel_and_sdist_install_into_a_clean_venv(dist_dir, clean_venv, tmp_pat
     no_cc = dict(os.environ, CC="false")
     _run([*pip, f"{_one(dist_dir, '*.tar.gz')}[mpich]"], timeout=900, env=no_cc)
     out = _smoke(clean_venv, tmp_path)
-    assert "kernel None from" in out and "C all_reduce not built (no C compiler at install)" in out, out
+    assert "kernel None from" in out and "C calls not built (no C compiler at install)" in out, out
     # the wheel: the kernel, loops chosen for this CPU at run time
     _run([*pip, "--force-reinstall", "--no-deps", _one(dist_dir, "*.whl")])
     if shutil.which(os.environ.get("CC", "cc")):
         out = _smoke(clean_venv, tmp_path)
-        assert re.search(r"kernel (avx2\+f16c|portable) from", out) and "C all_reduce on" in out, out
+        assert re.search(r"kernel (avx2\+f16c|portable) from", out) and "C calls on" in out, out
 
 
 def test_torch_extra_keeps_the_installed_torch(dist_dir):

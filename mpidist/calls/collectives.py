@@ -158,12 +158,19 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
         else:
             if signature.ON:
                 signature.note(pg, sig)
+            fast = native.bcast
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 if not (persistent.ON and arr.nbytes <= persistent.SMALL
                         and persistent.broadcast(pg, call, arr, d, root)):
-                    req = comm.Ibcast(buf, root)
-                    if not req.Test():
-                        wait((req,), pg, call, buf)
+                    # the C path, as all_reduce's
+                    pending = (NotImplemented if fast is None
+                               else fast(arr, d.handle, d.extent, root, pg.handle, pg._rank != root))
+                    if pending is NotImplemented:
+                        req = comm.Ibcast(buf, root)
+                        if not req.Test():
+                            wait((req,), pg, call, buf)
+                    elif pending is not None:
+                        wait_pending(pending, pg, call, arr)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, buf) from None
         return None
@@ -262,11 +269,16 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -
         else:
             if signature.ON:
                 signature.note(pg, (call.name,))
+            fast = native.barrier
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 if not (persistent.ON and persistent.barrier(pg, call)):
-                    req = comm.Ibarrier()
-                    if not req.Test():
-                        wait((req,), pg, call)
+                    pending = NotImplemented if fast is None else fast(pg.handle)  # the C path
+                    if pending is NotImplemented:
+                        req = comm.Ibarrier()
+                        if not req.Test():
+                            wait((req,), pg, call)
+                    elif pending is not None:
+                        wait_pending(pending, pg, call, None)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, None) from None
         return None

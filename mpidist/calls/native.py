@@ -1,20 +1,20 @@
-"""The C all_reduce (``_iallreduce.c``): which MPI routines it calls, and whether it may run.
+"""The C calls (``_native.c``): which MPI routines they call, and whether they may run.
 
-A small blocking all_reduce spends more time in Python than in MPI: mpi4py's request object,
-each ``MPI_Test`` through mpi4py, the loop that yields the core between tests
-(docs/benchmarks.md, "The 8 B all_reduce in C"). The C module starts the in-place
-``MPI_Iallreduce`` and runs the first part of the bounded wait of
-:func:`mpidist.core.timeouts.wait` (the same quick tests and the same spin, with the same
-constants); what is still pending after it comes back as a request handle, and the bounded wait
-goes on in Python.
+A small blocking all_reduce, broadcast or barrier spends more time in Python than in MPI:
+mpi4py's request object, each ``MPI_Test`` through mpi4py, the loop that yields the core between
+tests (docs/benchmarks.md, "The 8 B all_reduce in C"). The C module starts the nonblocking
+routine (``MPI_Iallreduce`` in place, ``MPI_Ibcast``, ``MPI_Ibarrier``) and runs the first part
+of the bounded wait of :func:`mpidist.core.timeouts.wait` (the same quick tests and the same
+spin, with the same constants); what is still pending after it comes back as a request handle,
+and the bounded wait goes on in Python.
 
 It is built at install where a C compiler is found (``setup.py``), and needs no MPI header: the
 routines are looked up in the MPI library mpi4py loaded, and the handles pass as integers. It
 runs only where that library's handle ABI is known, as mpi4py's wheels tell it: MPICH's (int
 handles, ``MPI_IN_PLACE`` is ``(void *)-1``: MPICH, Intel MPI, Cray MPICH, MVAPICH) or Open MPI's
 (pointer handles, ``MPI_IN_PLACE`` is ``(void *)1``). Elsewhere (the standard ABI, an unknown MPI,
-no compiler, ``MPIDIST_NATIVE=0``) :data:`allreduce` is ``None`` and every call goes through
-mpi4py, as before.
+no compiler, ``MPIDIST_NATIVE=0``) :data:`allreduce`, :data:`bcast` and :data:`barrier` are
+``None`` and every call goes through mpi4py, as before.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ from ..core import timeouts, waiting
 #: the pending request's handle, or ``NotImplemented`` (a count past ``INT_MAX``); ``None``
 #: where the C path is not available (see the module).
 allreduce: Callable[[Any, int, int, int, int], Any] | None = None
+#: ``bcast(array, datatype handle, extent, root, comm handle, writable)``: as :data:`allreduce`.
+bcast: Callable[[Any, int, int, int, int, bool], Any] | None = None
+#: ``barrier(comm handle)``: ``None`` when done, else the pending request's handle.
+barrier: Callable[[int], Any] | None = None
 #: Why the C path is off, where it is (``python -m mpidist info`` and the tests print it).
 why_not: str = ""
 #: Whether ``MPIDIST_NATIVE`` allows it (``0``/``off`` turns it off).
@@ -63,22 +67,23 @@ def _address(lib: Any, name: str) -> int:
 
 
 def enable(on: bool = True) -> str:
-    """Use the C all_reduce where it can run (``on``), or mpi4py's always; returns why it is
+    """Use the C calls where they can run (``on``), or mpi4py's always; returns why they are
     off, or ``""``. Every rank of a job may choose alone: both paths make the same MPI call."""
-    global allreduce, why_not
-    allreduce, why_not = None, ""
+    global allreduce, bcast, barrier, why_not
+    allreduce = bcast = barrier = None
+    why_not = ""
     if not on:
         why_not = "turned off (MPIDIST_NATIVE=0)"
         return why_not
     try:
-        from . import _iallreduce as module
+        from . import _native as module
     except ImportError:
         why_not = "not built (no C compiler at install)"
         return why_not
     try:
         lib = ctypes.CDLL(MPI.__file__)  # its symbols resolve in the MPI library mpi4py loaded
         abi = handle_abi(lib)
-        at = _address(lib, "MPI_Iallreduce"), _address(lib, "MPI_Test")
+        at = [_address(lib, name) for name in ("MPI_Iallreduce", "MPI_Ibcast", "MPI_Ibarrier", "MPI_Test")]
     except (OSError, AttributeError) as exc:
         why_not = f"the MPI library's routines cannot be found ({exc})"
         return why_not
@@ -88,7 +93,7 @@ def enable(on: bool = True) -> str:
     module.setup(*at, abi == "openmpi", -1 if abi == "mpich" else 1, MPI.Exception,
                  timeouts.QUICK_TESTS, waiting.TESTS_PER_YIELD, waiting.CLOCK_EVERY,
                  waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN)
-    allreduce = module.allreduce
+    allreduce, bcast, barrier = module.allreduce, module.bcast, module.barrier
     return why_not
 
 

@@ -28,7 +28,7 @@ class DType(NamedTuple):
     ``kind`` the reduction family (``b`` bool, ``i`` signed, ``u`` unsigned, ``f`` float,
     ``c`` complex, ``f16`` float16, ``bf16`` bfloat16) and ``raw`` the numpy dtype of
     the array that :func:`as_buffer` hands to MPI; ``handle`` and ``extent`` are ``mpi``'s MPI
-    handle and extent in bytes, for the C all_reduce (:mod:`mpidist.calls.native`).
+    handle and extent in bytes, for the C calls (:mod:`mpidist.calls.native`).
     """
 
     name: str

@@ -47,7 +47,7 @@ class ProcessGroup:
         #: key -> (persistent request, its buffer, ...) of the small blocking calls
         #: (:mod:`mpidist.calls.persistent`); ``False`` where MPI has no persistent collectives
         self.persistent: dict | bool | None = None
-        #: ``comm``'s MPI handle, for the C all_reduce (:mod:`mpidist.calls.native`)
+        #: ``comm``'s MPI handle, for the C calls (:mod:`mpidist.calls.native`)
         self.handle: int = MPI._handleof(comm)
 
     def rank(self) -> int:

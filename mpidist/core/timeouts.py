@@ -108,7 +108,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
 
 
 def wait_pending(handle: int, pg: ProcessGroup, call: Any, keep: Any) -> None:
-    """Go on with :func:`wait` for the request ``handle`` that the C all_reduce
+    """Go on with :func:`wait` for the request ``handle`` that a C call
     (:mod:`mpidist.calls.native`) left pending after its quick tests and its spin, which are
     :func:`wait`'s own: the bounded wait's polling loop, from where the spin ended."""
     req = MPI.Request.fromhandle(handle)

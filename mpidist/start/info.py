@@ -84,7 +84,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "thread_level_requested": str(mpi4py.rc.thread_level),
         "cuda_aware": cuda_aware(),
         "gpu_path": _gpu_path(),
-        "c_all_reduce": "on" if native.allreduce is not None else f"off: {native.why_not}",
+        "c_calls": "on" if native.allreduce is not None else f"off: {native.why_not}",
         "launcher": launcher.detect_launcher(size),
         "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
         "survive_failure": faults.survival(),
@@ -119,7 +119,7 @@ def render(facts: dict[str, Any]) -> str:
         ("thread level", f"{facts['thread_level']} (requested {facts['thread_level_requested']})"),
         ("CUDA-aware MPI", facts["cuda_aware"]),
         ("GPU path", facts.get("gpu_path") or "unknown"),
-        ("C all_reduce", facts.get("c_all_reduce") or "unknown"),
+        ("C calls", facts.get("c_calls") or "unknown"),
         ("launcher", facts["launcher"]),
         ("network", " ".join(f"{k}={v}" for k, v in facts.get("network_env", {}).items())
          or "the MPI library's default (no FI_/UCX_/netmod variable set)"),

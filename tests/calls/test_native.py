@@ -1,5 +1,5 @@
-"""The C all_reduce (mpidist/calls/_iallreduce.c): on where it can be, and the same results,
-errors and timeouts as mpi4py's path, which it replaces for a small blocking all_reduce."""
+"""The C calls (mpidist/calls/_native.c): on where they can be, and the same results, errors
+and timeouts as mpi4py's path, which they replace for blocking all_reduce, broadcast and barrier."""
 
 from __future__ import annotations
 
@@ -15,24 +15,24 @@ from mpidist.calls import native
 from mpidist.core.buffers import AS_IS
 
 try:
-    from mpidist.calls import _iallreduce
+    from mpidist.calls import _native
 except ImportError:
-    _iallreduce = None
+    _native = None
 
-built = pytest.mark.skipif(_iallreduce is None,
-                           reason="the C all_reduce is not built (no compiler at install)")
+built = pytest.mark.skipif(_native is None,
+                           reason="the C calls are not built (no compiler at install)")
 
 
 @pytest.fixture(params=["C", "mpi4py"])
 def path(request):
-    """Each test twice: through the C all_reduce (where built) and through mpi4py's."""
-    kept = native.allreduce
-    if request.param == "C" and kept is None:
-        pytest.skip(f"the C all_reduce is off: {native.why_not}")
+    """Each test twice: through the C calls (where built) and through mpi4py's."""
+    kept = native.allreduce, native.bcast, native.barrier
+    if request.param == "C" and kept[0] is None:
+        pytest.skip(f"the C calls are off: {native.why_not}")
     if request.param == "mpi4py":
-        native.allreduce = None
+        native.allreduce = native.bcast = native.barrier = None
     yield request.param
-    native.allreduce = kept
+    native.allreduce, native.bcast, native.barrier = kept
 
 
 @built
@@ -45,14 +45,15 @@ def test_on_for_the_mpis_the_project_runs_on():
 
 
 def test_turned_off_and_on_again():
-    kept = native.allreduce
+    kept = native.allreduce, native.bcast, native.barrier
     try:
         assert native.enable(False) == "turned off (MPIDIST_NATIVE=0)"
-        assert native.allreduce is None
+        assert native.allreduce is native.bcast is native.barrier is None
         assert native.enable(True) == native.why_not
-        assert (native.allreduce is None) == (_iallreduce is None or bool(native.why_not))
+        off = _native is None or bool(native.why_not)
+        assert all((f is None) == off for f in (native.allreduce, native.bcast, native.barrier))
     finally:
-        native.allreduce = kept
+        native.allreduce, native.bcast, native.barrier = kept
 
 
 @pytest.mark.mpi(min_size=1)
@@ -109,35 +110,62 @@ def test_strided_and_read_only_arrays_go_the_checked_way(dist, rank, size, path)
     still_works(dist, size)
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["bool", "int16", "float32", "complex64"])
+@pytest.mark.parametrize("n", [1, 5, 4096])
+def test_broadcast_gives_every_rank_the_roots_array(dist, rank, size, path, dtype, n):
+    for root in sorted({0, size - 1}):
+        t = rank_data(rank, n, dtype, seed=root)
+        if rank == root:
+            t.flags.writeable = False  # the root only sends: a read-only array is fine there
+        else:
+            t = np.zeros(n, dtype)
+        dist.broadcast(t, src=root)
+        np.testing.assert_array_equal(t, rank_data(root, n, dtype, seed=root))
+
+
 @pytest.mark.mpi(min_size=2)
-def test_a_late_rank_leaves_the_others_waiting_in_python_after_the_spin(dist, rank, size, path):
+@pytest.mark.parametrize("how", ["all_reduce", "broadcast", "barrier"])
+def test_a_late_rank_leaves_the_others_waiting_in_python_after_the_spin(dist, rank, size, path, how):
     """Past the C spin (at most 10 ms) the request goes back to the bounded wait in Python."""
     for late in (0, size - 1):
         t = np.array([float(rank)])
         if rank == late:
             time.sleep(0.2)
         t0 = time.monotonic()
-        dist.all_reduce(t)
+        if how == "all_reduce":
+            dist.all_reduce(t)
+            assert t[0] == size * (size - 1) / 2
+        elif how == "broadcast":
+            dist.broadcast(t, src=late)
+            assert t[0] == late
+        else:
+            dist.barrier()
         took = time.monotonic() - t0
-        assert t[0] == size * (size - 1) / 2
-        if rank != late:
-            assert took > 0.05, took  # it did wait for the late rank
+        if rank != late:  # the late rank is the broadcast's root: the receivers wait for it
+            assert took > 0.05, took
     still_works(dist, size)
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_missing_rank_still_raises_at_the_group_timeout(dist, rank, size, path):
+@pytest.mark.parametrize("how", ["all_reduce", "broadcast", "barrier"])
+def test_a_missing_rank_still_raises_at_the_group_timeout(dist, rank, size, path, how):
     g = dist.new_group(timeout=timedelta(seconds=1.0))
     late = size - 1
     text = None
     if rank != late:
         t0 = time.monotonic()
         with pytest.raises(dist.GroupTimeoutError) as info:
-            dist.all_reduce(np.ones(2), group=g)
+            if how == "all_reduce":
+                dist.all_reduce(np.ones(2), group=g)
+            elif how == "broadcast":
+                dist.broadcast(np.ones(2), src=late, group=g)
+            else:
+                dist.barrier(group=g)
         took = time.monotonic() - t0
         text = str(info.value)
         assert 0.9 <= took < 16.0, took
-        assert f"not heard from rank {late} (" in text and f"all_reduce #1 on group {g.group_name!r}" in text
+        assert f"not heard from rank {late} (" in text and f"{how} #1 on group {g.group_name!r}" in text
     texts = gathered(dist, text)
     assert all(tx is not None for tx in texts[:late])
     still_works(dist, size)
@@ -148,7 +176,7 @@ def test_a_missing_rank_still_raises_at_the_group_timeout(dist, rank, size, path
 def test_an_mpi_error_raises_mpi_exception_on_every_rank(dist, rank, size):
     """A bitwise op on float64 is refused by MPI where the call starts, on every rank alike."""
     if native.allreduce is None:
-        pytest.skip(f"the C all_reduce is off: {native.why_not}")
+        pytest.skip(f"the C calls are off: {native.why_not}")
     d = AS_IS[np.dtype(np.float64)]
     comm = dist.group.WORLD.comm.Dup()
     try:
@@ -164,7 +192,7 @@ def test_an_mpi_error_raises_mpi_exception_on_every_rank(dist, rank, size):
 @pytest.mark.mpi(min_size=1)
 def test_bad_arguments_to_the_module_raise_and_call_nothing(dist, size):
     if native.allreduce is None:
-        pytest.skip(f"the C all_reduce is off: {native.why_not}")
+        pytest.skip(f"the C calls are off: {native.why_not}")
     d = AS_IS[np.dtype(np.float64)]
     h, op = dist.group.WORLD.handle, MPI._handleof(MPI.SUM)
     with pytest.raises(TypeError, match=r"allreduce\(buf, datatype, extent, op, comm\)"):
@@ -179,6 +207,14 @@ def test_bad_arguments_to_the_module_raise_and_call_nothing(dist, size):
         native.allreduce(np.ones(3, np.uint8), d.handle, d.extent, op, h)
     with pytest.raises(ValueError, match="extent must be positive"):
         native.allreduce(np.ones(1), d.handle, 0, op, h)
+    with pytest.raises(TypeError, match=r"bcast\(buf, datatype, extent, root, comm, writable\) takes 6"):
+        native.bcast(np.ones(1), d.handle, d.extent, 0, h)
+    with pytest.raises(ValueError, match="root must be a rank"):
+        native.bcast(np.ones(1), d.handle, d.extent, -1, h, True)
+    with pytest.raises((BufferError, ValueError)):  # a receiver's buffer must be writable
+        native.bcast(ro, d.handle, d.extent, 0, h, True)
+    with pytest.raises(TypeError, match=r"barrier\(comm\) takes 1"):
+        native.barrier()
     still_works(dist, size)
 
 
@@ -193,7 +229,7 @@ def test_the_module_links_no_mpi_and_only_the_c_library_of_2014():
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf is not installed (binutils)")
-    dynamic = subprocess.run([readelf, "-d", "-W", "--dyn-syms", _iallreduce.__file__], check=True,
+    dynamic = subprocess.run([readelf, "-d", "-W", "--dyn-syms", _native.__file__], check=True,
                              capture_output=True, text=True).stdout
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic))
     assert needed <= {"libc.so.6", "libpthread.so.0"}, needed

@@ -60,12 +60,12 @@ def test_usage_and_unknown_command():
 
 
 @pytest.mark.parametrize("setting", ["1", "0"])
-def test_info_says_whether_the_c_all_reduce_runs(setting):
+def test_info_says_whether_the_c_calls_run(setting):
     from mpidist.calls import native
 
     r = run_python(["-m", "mpidist", "info", "--json"], timeout=60, env={"MPIDIST_NATIVE": setting})
     assert r.returncode == 0, r.stderr
-    said = json.loads(r.stdout)["c_all_reduce"]
+    said = json.loads(r.stdout)["c_calls"]
     if setting == "0":
         assert said == "off: turned off (MPIDIST_NATIVE=0)"
     else:  # this process's own answer, for the same installation and MPI
