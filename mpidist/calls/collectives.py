@@ -21,7 +21,7 @@ from ..checks.fingerprint import ARRAY, OP, ROOT, agree
 from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
 from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
 from ..core.registry import define
-from ..core.timeouts import failure, wait, wait_pending
+from ..core.timeouts import failure, wait
 from ..core.work import Work
 from . import native, persistent, sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
@@ -106,13 +106,9 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
                 # the C path: MPI_Iallreduce and the wait's spin in one call (calls/native.py)
                 pending = (NotImplemented if fast is None
                            else fast(arr, d.handle, d.extent, p.handle, pg.handle))
-                if pending is NotImplemented:
-                    buf = [arr, d.mpi]
-                    req = pg.comm.Iallreduce(IN_PLACE, buf, p.op)
-                    if not req.Test():
-                        wait((req,), pg, call, buf)
-                elif pending is not None:
-                    wait_pending(pending, pg, call, arr)
+                if pending is not None:
+                    native.finish(pending, lambda: pg.comm.Iallreduce(IN_PLACE, [arr, d.mpi], p.op),
+                                  pg, call, arr)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, arr) from None
         if p.average:
@@ -165,12 +161,8 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
                     # the C path, as all_reduce's
                     pending = (NotImplemented if fast is None
                                else fast(arr, d.handle, d.extent, root, pg.handle, pg._rank != root))
-                    if pending is NotImplemented:
-                        req = comm.Ibcast(buf, root)
-                        if not req.Test():
-                            wait((req,), pg, call, buf)
-                    elif pending is not None:
-                        wait_pending(pending, pg, call, arr)
+                    if pending is not None:
+                        native.finish(pending, lambda: comm.Ibcast(buf, root), pg, call, buf)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, buf) from None
         return None
@@ -273,12 +265,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 if not (persistent.ON and persistent.barrier(pg, call)):
                     pending = NotImplemented if fast is None else fast(pg.handle)  # the C path
-                    if pending is NotImplemented:
-                        req = comm.Ibarrier()
-                        if not req.Test():
-                            wait((req,), pg, call)
-                    elif pending is not None:
-                        wait_pending(pending, pg, call, None)
+                    if pending is not None:
+                        native.finish(pending, comm.Ibarrier, pg, call, None)
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, None) from None
         return None

@@ -41,6 +41,19 @@ why_not: str = ""
 ALLOWED: bool = os.environ.get("MPIDIST_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+def finish(pending: Any, start: Callable[[], MPI.Request], pg: Any, call: Any, keep: Any) -> None:
+    """Complete a call after its C function returned ``pending`` (not ``None``, which means
+    done): the request it left pending goes on in the bounded wait; ``NotImplemented`` (or no
+    C path) means the call has not started, and ``start()`` starts it through mpi4py instead.
+    MPI errors propagate as ``MPI.Exception``, for the caller's :func:`~mpidist.core.timeouts.failure`."""
+    if pending is NotImplemented:
+        req = start()
+        if not req.Test():
+            timeouts.wait((req,), pg, call, keep)
+    else:
+        timeouts.wait_pending(pending, pg, call, keep)
+
+
 def handle_abi(lib: Any) -> str | None:
     """``"mpich"`` or ``"openmpi"``: the handle ABI of the MPI library ``lib`` (a ``ctypes.CDLL``
     that resolves mpi4py's symbols), checked against the size mpi4py gives its handles; ``None``
