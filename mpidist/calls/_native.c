@@ -23,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* PyMemberDef, before Python 3.12 */
 #include <limits.h>
 #include <sched.h>
 #include <stdint.h>
@@ -125,22 +126,18 @@ static PyObject *finish(request_t *r, int err, double bytes) {
 /* mpi4py gives an int handle sign-extended to 64 bits, unsigned: the low bits are the handle */
 static unsigned long long handle_of(PyObject *o) { return PyLong_AsUnsignedLongLongMask(o); }
 
-/* The buffer and its element count: 0, or -1 with an exception set, or 1 for a count past
- * INT_MAX (view released). MPI reads or writes the memory until the request completes; the
- * caller holds the array for as long (the bounded wait keeps it with a group it gives up on). */
-static int take(PyObject *obj, PyObject *extent_obj, int writable, Py_buffer *view, int *count) {
+/* The element count of a buffer: 0, or -1 with an exception set, or 1 for a count past INT_MAX;
+ * the view is released unless 0. */
+static int take_count(Py_buffer *view, PyObject *extent_obj, int *count) {
     Py_ssize_t extent = PyLong_AsSsize_t(extent_obj);
-    if (extent == -1 && PyErr_Occurred())
-        return -1;
-    if (extent <= 0) {
-        PyErr_SetString(PyExc_ValueError, "extent must be positive");
+    if (extent == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(view);
         return -1;
     }
-    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0)
-        return -1;
-    if (view->len % extent != 0) {
+    if (extent <= 0 || view->len % extent != 0) {
         PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "the buffer is not a whole number of elements");
+        PyErr_SetString(PyExc_ValueError, extent <= 0 ? "extent must be positive"
+                                                      : "the buffer is not a whole number of elements");
         return -1;
     }
     if (view->len / extent > INT_MAX) {
@@ -149,6 +146,23 @@ static int take(PyObject *obj, PyObject *extent_obj, int writable, Py_buffer *vi
     }
     *count = (int)(view->len / extent);
     return 0;
+}
+
+/* The buffer and its element count, as take_count. MPI reads or writes the memory until the
+ * request completes; the caller holds the array for as long (the bounded wait keeps it with a
+ * group it gives up on). */
+static int take(PyObject *obj, PyObject *extent_obj, int writable, Py_buffer *view, int *count) {
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0)
+        return -1;
+    return take_count(view, extent_obj, count);
+}
+
+static int start_allreduce(void *buf, int count, unsigned long long dtype, unsigned long long op,
+                           unsigned long long comm, request_t *r) {
+    if (pointer_handles)
+        return ((iallreduce_ptr_t)f_iallreduce)(in_place, buf, count, (void *)(uintptr_t)dtype,
+                                                 (void *)(uintptr_t)op, (void *)(uintptr_t)comm, &r->preq);
+    return ((iallreduce_int_t)f_iallreduce)(in_place, buf, count, (int)dtype, (int)op, (int)comm, &r->ireq);
 }
 
 static PyObject *not_implemented(void) {
@@ -180,16 +194,224 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (got != 0)
         return got < 0 ? NULL : not_implemented();
     request_t r = {0, NULL};
-    int err;
-    if (pointer_handles)
-        err = ((iallreduce_ptr_t)f_iallreduce)(in_place, view.buf, count, (void *)(uintptr_t)dtype,
-                                                (void *)(uintptr_t)op, (void *)(uintptr_t)comm, &r.preq);
-    else
-        err = ((iallreduce_int_t)f_iallreduce)(in_place, view.buf, count, (int)dtype, (int)op,
-                                                (int)comm, &r.ireq);
+    int err = start_allreduce(view.buf, count, dtype, op, comm, &r);
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
     return finish(&r, err, bytes);
+}
+
+/* ---- all_reduce's whole common case: what mpidist.calls.collectives.all_reduce checks in Python
+ * before the C call, read here from the same objects. bind() hands over the classes; their
+ * __slots__ become byte offsets (each slot is a member descriptor), and DType and Plan are named
+ * tuples read by index. Anything off the common case returns NotImplemented before any change,
+ * and the Python path takes the call. */
+
+static PyTypeObject *t_ndarray, *t_op, *t_group, *t_record, *t_dtype, *t_plan;
+static PyObject *as_is, *call_name, *s_dtype, *last_sig;
+static Py_ssize_t op_name, op_factor, op_plans;
+static Py_ssize_t g_comm, g_size, g_persistent, g_handle, g_seq, g_signatures;
+static Py_ssize_t r_n, r_sigs, r_seen, r_due;
+static Py_ssize_t d_name, d_kind, d_handle, d_extent, p_average, p_factor, p_lowprec, p_handle;
+
+#define SLOT(obj, at) (*(PyObject **)((char *)(obj) + (at)))
+
+/* The byte offset of the __slots__ member `name` of `type`, or -1 with an exception set. */
+static Py_ssize_t slot_of(PyTypeObject *type, const char *name) {
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    if (d == NULL)
+        return -1;
+    Py_ssize_t at = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == 16 /* T_OBJECT_EX: what __slots__ makes */ && m->offset > 0)
+            at = m->offset;
+    }
+    Py_DECREF(d);
+    if (at < 0)
+        PyErr_Format(PyExc_TypeError, "bind: %s.%s is not a __slots__ member", type->tp_name, name);
+    return at;
+}
+
+static int take_type(PyObject *o, PyTypeObject **slot) {
+    if (!PyType_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "bind: a class is expected");
+        return 0;
+    }
+    Py_INCREF(o);
+    Py_XSETREF(*slot, (PyTypeObject *)o);
+    return 1;
+}
+
+/* bind(ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, "all_reduce", dtype fields
+ * (name, kind, handle, extent), plan fields (average, factor, lowprec, handle)) */
+static PyObject *bind(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *nd, *op, *grp, *rec, *dt, *pl, *table, *name;
+    Py_CLEAR(t_ndarray);  /* all_reduce is off until every step below has succeeded */
+    if (!PyArg_ParseTuple(args, "OOOOOOO!U(nnnn)(nnnn)", &nd, &op, &grp, &rec, &dt, &pl, &PyDict_Type,
+                          &table, &name, &d_name, &d_kind, &d_handle, &d_extent, &p_average,
+                          &p_factor, &p_lowprec, &p_handle))
+        return NULL;
+    if (!PyType_Check(nd) || !take_type(op, &t_op) || !take_type(grp, &t_group)
+        || !take_type(rec, &t_record) || !take_type(dt, &t_dtype) || !take_type(pl, &t_plan)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "bind: a class is expected");
+        return NULL;
+    }
+    if ((op_name = slot_of(t_op, "name")) < 0 || (op_factor = slot_of(t_op, "factor")) < 0
+        || (op_plans = slot_of(t_op, "plans")) < 0 || (g_comm = slot_of(t_group, "comm")) < 0
+        || (g_size = slot_of(t_group, "_size")) < 0 || (g_persistent = slot_of(t_group, "persistent")) < 0
+        || (g_handle = slot_of(t_group, "handle")) < 0 || (g_seq = slot_of(t_group, "seq")) < 0
+        || (g_signatures = slot_of(t_group, "signatures")) < 0 || (r_n = slot_of(t_record, "n")) < 0
+        || (r_sigs = slot_of(t_record, "sigs")) < 0 || (r_seen = slot_of(t_record, "seen")) < 0
+        || (r_due = slot_of(t_record, "due")) < 0)
+        return NULL;
+    Py_INCREF(table);
+    Py_XSETREF(as_is, table);
+    Py_INCREF(name);
+    Py_XSETREF(call_name, name);
+    Py_CLEAR(last_sig);
+    if (s_dtype == NULL && (s_dtype = PyUnicode_InternFromString("dtype")) == NULL)
+        return NULL;
+    if (!take_type(nd, &t_ndarray))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *field(PyObject *tuple, PyTypeObject *type, Py_ssize_t i) {
+    if (!Py_IS_TYPE(tuple, type) || i < 0 || i >= PyTuple_GET_SIZE(tuple))
+        return NULL;
+    return PyTuple_GET_ITEM(tuple, i);
+}
+
+/* An int slot's value, or -1 (not an int, or off the common case). */
+static long long small_int(PyObject *o) {
+    if (o == NULL || !PyLong_CheckExact(o))
+        return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    return overflow ? -1 : v;
+}
+
+/* The signature signature.note records, ("all_reduce", count, dtype name, op name): the previous
+ * one again (the same object) when nothing differs, as in a loop, which spares the allocation
+ * and lets signature.digest_of hash a run of them at once. */
+static PyObject *signature(int count, PyObject *d, PyObject *op) {
+    PyObject *dname = field(d, t_dtype, d_name), *oname = SLOT(op, op_name);
+    if (dname == NULL || oname == NULL) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce: a DType or ReduceOp without its name");
+        return NULL;
+    }
+    if (last_sig != NULL && PyTuple_GET_ITEM(last_sig, 2) == dname && PyTuple_GET_ITEM(last_sig, 3) == oname
+        && PyLong_AsLong(PyTuple_GET_ITEM(last_sig, 1)) == count) {
+        Py_INCREF(last_sig);
+        return last_sig;
+    }
+    PyObject *size = PyLong_FromLong(count);
+    if (size == NULL)
+        return NULL;
+    PyObject *sig = PyTuple_Pack(4, call_name, size, dname, oname);
+    Py_DECREF(size);
+    if (sig != NULL) {
+        Py_INCREF(sig);
+        Py_XSETREF(last_sig, sig);
+    }
+    return sig;
+}
+
+/* all_reduce(tensor, op, group, sign): the common case of mpidist's all_reduce, done here: a
+ * contiguous, writable numpy array of a dtype MPI moves as it is, a plain ReduceOp that is not
+ * AVG, a live group of 2 or more ranks without persistent requests; with `sign` (the cross-rank
+ * check on), a call whose check is not due: its signature is recorded as signature.note would.
+ * Counts the call on the group, then as allreduce(). NotImplemented: nothing was done. */
+static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "all_reduce takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *tensor = args[0], *op = args[1], *pg = args[2];
+    int sign = args[3] == Py_True;
+    if (t_ndarray == NULL || f_iallreduce == NULL || !Py_IS_TYPE(tensor, t_ndarray)
+        || !Py_IS_TYPE(op, t_op) || !Py_IS_TYPE(pg, t_group) || SLOT(op, op_factor) != Py_None)
+        return not_implemented();
+    PyObject *comm = SLOT(pg, g_comm), *persistent = SLOT(pg, g_persistent);
+    if (comm == NULL || comm == Py_None || small_int(SLOT(pg, g_size)) < 2
+        || !(persistent == Py_None || persistent == Py_False
+             || (PyDict_CheckExact(persistent) && PyDict_GET_SIZE(persistent) == 0)))
+        return not_implemented();
+    PyObject *descr = PyObject_GetAttr(tensor, s_dtype);
+    if (descr == NULL)
+        return NULL;
+    PyObject *d = PyDict_GetItemWithError(as_is, descr);  /* borrowed; the table holds it */
+    Py_DECREF(descr);
+    if (d == NULL)
+        return PyErr_Occurred() ? NULL : not_implemented();
+    PyObject *kind = field(d, t_dtype, d_kind), *plans = SLOT(op, op_plans);
+    if (kind == NULL || plans == NULL || !PyDict_CheckExact(plans))
+        return not_implemented();
+    PyObject *p = PyDict_GetItemWithError(plans, kind);
+    if (p == NULL)
+        return PyErr_Occurred() ? NULL : not_implemented();
+    if (field(p, t_plan, p_average) != Py_False || field(p, t_plan, p_factor) != Py_None
+        || field(p, t_plan, p_lowprec) != Py_None)
+        return not_implemented();
+    PyObject *rec = NULL, *sigs = NULL;
+    long long n = 0;
+    if (sign) {
+        rec = SLOT(pg, g_signatures);
+        if (rec == NULL || !Py_IS_TYPE(rec, t_record))
+            return not_implemented();
+        sigs = SLOT(rec, r_sigs);
+        PyObject *seen = SLOT(rec, r_seen);
+        n = small_int(SLOT(rec, r_n));
+        long long due = small_int(SLOT(rec, r_due));
+        if (n < 0 || due < 0 || n + 1 >= due || sigs == NULL || !PyList_CheckExact(sigs) || seen == NULL
+            || !PyAnySet_CheckExact(seen))
+            return not_implemented();
+        int known = PySet_Contains(seen, call_name);
+        if (known <= 0)
+            return known < 0 ? NULL : not_implemented();
+    }
+    long long seq = small_int(SLOT(pg, g_seq));
+    if (seq < 0)
+        return not_implemented();
+    unsigned long long dtype = handle_of(field(d, t_dtype, d_handle)),
+                       mop = handle_of(field(p, t_plan, p_handle)), chandle = handle_of(SLOT(pg, g_handle));
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    int count;
+    if (PyObject_GetBuffer(tensor, &view, PyBUF_WRITABLE) != 0) {
+        PyErr_Clear();  /* read-only or not contiguous: the Python path says which, or copies */
+        return not_implemented();
+    }
+    int got = take_count(&view, field(d, t_dtype, d_extent), &count);
+    if (got != 0)
+        return got < 0 ? NULL : not_implemented();
+    /* the common case: count the call and record its signature, then call MPI */
+    PyObject *new_seq = PyLong_FromLongLong(seq + 1), *sig = NULL, *new_n = NULL;
+    if (new_seq == NULL)
+        goto fail;
+    if (sign) {
+        if ((new_n = PyLong_FromLongLong(n + 1)) == NULL || (sig = signature(count, d, op)) == NULL
+            || PyList_Append(sigs, sig) != 0)
+            goto fail;
+        Py_DECREF(sig);
+        Py_SETREF(SLOT(rec, r_n), new_n);
+    }
+    Py_SETREF(SLOT(pg, g_seq), new_seq);
+    request_t r = {0, NULL};
+    int err = start_allreduce(view.buf, count, dtype, mop, chandle, &r);
+    double bytes = (double)view.len;
+    PyBuffer_Release(&view);
+    return finish(&r, err, bytes);
+fail:
+    Py_XDECREF(new_seq);
+    Py_XDECREF(new_n);
+    Py_XDECREF(sig);
+    PyBuffer_Release(&view);
+    return NULL;
 }
 
 static PyObject *bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -271,6 +493,12 @@ static PyMethodDef methods[] = {
      "bcast(buf, datatype, extent, root, comm, writable): MPI_Ibcast, then the spin; as allreduce."},
     {"barrier", (PyCFunction)(void (*)(void))barrier, METH_FASTCALL,
      "barrier(comm): MPI_Ibarrier, then the spin; as allreduce."},
+    {"all_reduce", (PyCFunction)(void (*)(void))all_reduce, METH_FASTCALL,
+     "all_reduce(tensor, op, group, sign): mpidist's all_reduce in its common case, done here "
+     "(see bind); as allreduce, or NotImplemented when off that case (nothing done)."},
+    {"bind", bind, METH_VARARGS,
+     "bind(ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, call name, DType fields "
+     "(name, kind, handle, extent), Plan fields (average, factor, lowprec, handle))"},
     {"setup", setup, METH_VARARGS,
      "setup(iallreduce, ibcast, ibarrier, test, pointer_handles, in_place, exception[, quick_tests, "
      "tests_per_yield, clock_every, spin_least, spin_per_byte, spin_most])"},

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from ..checks import debug, signature
 from ..checks.fingerprint import ARRAY, OP, ROOT, agree
+from ..core import timeouts
 from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
 from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
 from ..core.registry import define
@@ -55,8 +56,22 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     Example: ranks 0..3 each pass ``np.full(2, rank)``; with ``SUM`` every rank ends
     with ``[6, 6]``.
     """
+    pg = registry.world if group is None else group
+    quick = native.all_reduce
+    if quick is not None and not (async_op or debug.LEVEL or persistent.ON):
+        # the common case whole in C (calls/native.py): the checks below, the count and the
+        # signature, MPI_Iallreduce and the wait's spin; NotImplemented where it is not that case
+        try:
+            pending = quick(tensor, op, pg, signature.ON)
+            if pending is None:
+                return None
+            if pending is not NotImplemented:
+                timeouts.wait_pending(pending, pg, all_reduce.call, tensor)
+                return None
+        except MPI.Exception as exc:
+            raise failure(pg, all_reduce.call, exc, tensor) from None
     call = all_reduce.call
-    pg = registry.world if group is None else group  # resolve() and plan() inlined for the common case
+    # resolve() and plan() inlined for the common case
     if type(pg) is not ProcessGroup or pg.comm is None:
         pg = resolve(group, call)
     # as_buffer's common case checked here: its call costs 0.15 us, which ranks that share cores

@@ -23,9 +23,15 @@ import ctypes
 import os
 from typing import Any, Callable
 
+import numpy as np
 from mpi4py import MPI
 
+from ..checks import signature
+from ..checks.signature import Record
 from ..core import timeouts, waiting
+from ..core.buffers import AS_IS, DType
+from ..core.groups import ProcessGroup
+from .ops import Plan, ReduceOp
 
 #: ``allreduce(array, datatype handle, extent, op handle, comm handle)``: ``None`` when done,
 #: the pending request's handle, or ``NotImplemented`` (a count past ``INT_MAX``); ``None``
@@ -35,6 +41,10 @@ allreduce: Callable[[Any, int, int, int, int], Any] | None = None
 bcast: Callable[[Any, int, int, int, int, bool], Any] | None = None
 #: ``barrier(comm handle)``: ``None`` when done, else the pending request's handle.
 barrier: Callable[[int], Any] | None = None
+#: ``all_reduce(tensor, op, group, sign)``: the whole common case of
+#: :func:`mpidist.all_reduce` (see :func:`bind`), as :data:`allreduce`; ``NotImplemented``
+#: off that case, with nothing done.
+all_reduce: Callable[[Any, Any, Any, bool], Any] | None = None
 #: Why the C path is off, where it is (``python -m mpidist info`` and the tests print it).
 why_not: str = ""
 #: Whether ``MPIDIST_NATIVE`` allows it (``0``/``off`` turns it off).
@@ -82,8 +92,8 @@ def _address(lib: Any, name: str) -> int:
 def enable(on: bool = True) -> str:
     """Use the C calls where they can run (``on``), or mpi4py's always; returns why they are
     off, or ``""``. Every rank of a job may choose alone: both paths make the same MPI call."""
-    global allreduce, bcast, barrier, why_not
-    allreduce = bcast = barrier = None
+    global allreduce, bcast, barrier, all_reduce, why_not
+    allreduce = bcast = barrier = all_reduce = signature.IN_C = None
     why_not = ""
     if not on:
         why_not = "turned off (MPIDIST_NATIVE=0)"
@@ -107,7 +117,24 @@ def enable(on: bool = True) -> str:
                  timeouts.QUICK_TESTS, waiting.TESTS_PER_YIELD, waiting.CLOCK_EVERY,
                  waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN)
     allreduce, bcast, barrier = module.allreduce, module.bcast, module.barrier
+    signature.IN_C = (allreduce, MPI._handleof(MPI.INT64_T), MPI._handleof(MPI.MAX))
+    try:
+        bind(module)
+        all_reduce = module.all_reduce
+    except TypeError as exc:  # a class changed shape: the C calls still run, the checks in Python
+        why_not = f"all_reduce's checks stay in Python ({exc})"
     return why_not
+
+
+def bind(module: Any) -> None:
+    """Show the C module the objects :func:`mpidist.all_reduce` checks, so that its
+    ``all_reduce`` can check them alike: ``ndarray``, :class:`ReduceOp` and its plans,
+    :class:`ProcessGroup`, the cross-rank check's :class:`~mpidist.checks.signature.Record`, and
+    the dtypes MPI moves as they are. The classes' ``__slots__`` become offsets there; it raises
+    ``TypeError`` where one is not a slot."""
+    module.bind(np.ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, "all_reduce",
+                tuple(DType._fields.index(f) for f in ("name", "kind", "handle", "extent")),
+                tuple(Plan._fields.index(f) for f in ("average", "factor", "lowprec", "handle")))
 
 
 enable(ALLOWED)

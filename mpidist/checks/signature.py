@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from ..core import registry
 from ..core.groups import ProcessGroup
-from ..core.timeouts import wait
+from ..core.timeouts import failure, wait, wait_pending
 
 #: Whether the check is on (``MPIDIST_DEBUG=OFF`` turns it off; see :func:`enable`).
 ON: bool = True
@@ -52,6 +52,10 @@ ON: bool = True
 FIRST = 8
 #: After those, one call in this many is checked (with every call recorded since the last).
 EVERY = 32
+#: Where the C calls run, the check's own reduction takes them too: ``(allreduce, the int64
+#: datatype's handle, MPI_MAX's handle)``, set by :mod:`mpidist.calls.native` (which this
+#: module sits below); ``None``: through mpi4py.
+IN_C: tuple[Any, int, int] | None = None
 
 
 class Record:
@@ -142,7 +146,13 @@ _CODES = _Codes()
 
 def digest_of(sigs: list[tuple]) -> int:
     """The hash of a run of signatures, the same on every rank: Python's hash of the tuple of
-    their cached digests (a tuple of ints hashes alike in every process; strings do not)."""
+    their cached digests (a tuple of ints hashes alike in every process; strings do not).
+
+    A run of one signature object (what the C all_reduce records in a loop) is hashed without
+    looking each one up: ``list.count`` compares by identity first."""
+    first = sigs[0]
+    if sigs.count(first) == len(sigs):
+        return hash((_CODES[first],) * len(sigs)) >> 2
     return hash(tuple(map(_CODES.__getitem__, sigs))) >> 2
 
 
@@ -155,7 +165,17 @@ def agreed(pg: ProcessGroup, call: Any, h: int) -> bool:
     """Do all ranks of ``pg`` hold the same ``h``? (``MPI_Iallreduce``, ``MAX`` of ``h`` and ``-h``,
     within the group's timeout; every rank gets the same answer.)"""
     both = np.array([h, -h], np.int64)
-    wait((pg.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX),), pg, call, both)
+    fast = IN_C
+    if fast is None:
+        wait((pg.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX),), pg, call, both)
+    else:
+        allreduce, int64, maximum = fast
+        try:
+            pending = allreduce(both, int64, 8, maximum, pg.handle)
+            if pending is not None:
+                wait_pending(pending, pg, call, both)
+        except MPI.Exception as exc:
+            raise failure(pg, call, exc, both) from None
     return bool(both[0] == -both[1])
 
 

@@ -12,6 +12,7 @@ from helpers import gathered, rank_data, still_works
 from mpi4py import MPI
 
 from mpidist.calls import native
+from mpidist.checks import signature
 from mpidist.core.buffers import AS_IS
 
 try:
@@ -23,16 +24,32 @@ built = pytest.mark.skipif(_native is None,
                            reason="the C calls are not built (no compiler at install)")
 
 
-@pytest.fixture(params=["C", "mpi4py"])
+PATHS = ("all_reduce", "allreduce", "bcast", "barrier")
+
+
+@pytest.fixture(params=["C", "C call", "mpi4py"])
 def path(request):
-    """Each test twice: through the C calls (where built) and through mpi4py's."""
-    kept = native.allreduce, native.bcast, native.barrier
-    if request.param == "C" and kept[0] is None:
+    """Each test through the C calls (where built): the whole all_reduce in C ("C"), or only its
+    MPI call and spin with the checks in Python ("C call"); and through mpi4py's."""
+    kept = {name: getattr(native, name) for name in PATHS}
+    if request.param != "mpi4py" and kept["allreduce"] is None:
         pytest.skip(f"the C calls are off: {native.why_not}")
+    if request.param == "C" and kept["all_reduce"] is None:
+        pytest.skip(f"all_reduce's checks are not in C: {native.why_not}")
+    if request.param == "C call":
+        native.all_reduce = None
     if request.param == "mpi4py":
-        native.allreduce = native.bcast = native.barrier = None
+        for name in PATHS:
+            setattr(native, name, None)
     yield request.param
-    native.allreduce, native.bcast, native.barrier = kept
+    for name, fn in kept.items():
+        setattr(native, name, fn)
+
+
+def only_all_reduce(path):
+    """"C" and "C call" differ for all_reduce alone."""
+    if path == "C call":
+        pytest.skip("the same path as 'C' for this call")
 
 
 @built
@@ -45,15 +62,19 @@ def test_on_for_the_mpis_the_project_runs_on():
 
 
 def test_turned_off_and_on_again():
-    kept = native.allreduce, native.bcast, native.barrier
+    kept = {name: getattr(native, name) for name in PATHS}
+    check = signature.IN_C
     try:
         assert native.enable(False) == "turned off (MPIDIST_NATIVE=0)"
-        assert native.allreduce is native.bcast is native.barrier is None
+        assert all(getattr(native, name) is None for name in PATHS) and signature.IN_C is None
         assert native.enable(True) == native.why_not
         off = _native is None or bool(native.why_not)
-        assert all((f is None) == off for f in (native.allreduce, native.bcast, native.barrier))
+        assert all((getattr(native, name) is None) == off for name in PATHS)
+        assert (signature.IN_C is None) == off
     finally:
-        native.allreduce, native.bcast, native.barrier = kept
+        for name, fn in kept.items():
+            setattr(native, name, fn)
+        signature.IN_C = check
 
 
 @pytest.mark.mpi(min_size=1)
@@ -114,6 +135,7 @@ def test_strided_and_read_only_arrays_go_the_checked_way(dist, rank, size, path)
 @pytest.mark.parametrize("dtype", ["bool", "int16", "float32", "complex64"])
 @pytest.mark.parametrize("n", [1, 5, 4096])
 def test_broadcast_gives_every_rank_the_roots_array(dist, rank, size, path, dtype, n):
+    only_all_reduce(path)
     for root in sorted({0, size - 1}):
         t = rank_data(rank, n, dtype, seed=root)
         if rank == root:
@@ -128,6 +150,8 @@ def test_broadcast_gives_every_rank_the_roots_array(dist, rank, size, path, dtyp
 @pytest.mark.parametrize("how", ["all_reduce", "broadcast", "barrier"])
 def test_a_late_rank_leaves_the_others_waiting_in_python_after_the_spin(dist, rank, size, path, how):
     """Past the C spin (at most 10 ms) the request goes back to the bounded wait in Python."""
+    if how != "all_reduce":
+        only_all_reduce(path)
     for late in (0, size - 1):
         t = np.array([float(rank)])
         if rank == late:
@@ -150,6 +174,8 @@ def test_a_late_rank_leaves_the_others_waiting_in_python_after_the_spin(dist, ra
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("how", ["all_reduce", "broadcast", "barrier"])
 def test_a_missing_rank_still_raises_at_the_group_timeout(dist, rank, size, path, how):
+    if how != "all_reduce":
+        only_all_reduce(path)
     g = dist.new_group(timeout=timedelta(seconds=1.0))
     late = size - 1
     text = None
@@ -236,3 +262,159 @@ def test_the_module_links_no_mpi_and_only_the_c_library_of_2014():
     assert "MPI_" not in dynamic, "the module must not refer to MPI symbols by name"
     versions = {tuple(map(int, v.split("."))) for v in re.findall(r"@GLIBC_([\d.]+)", dynamic)}
     assert all(v <= (2, 17) for v in versions), versions
+
+
+def whole_in_c():
+    if native.all_reduce is None:
+        pytest.skip(f"all_reduce's checks are not in C: {native.why_not or 'the C calls are off'}")
+
+
+def past_first_checks(dist, g, n=2):
+    """Calls on ``g`` until its next cross-rank check is some calls away (the C path then takes them)."""
+    for _ in range(signature.FIRST + 1):
+        dist.all_reduce(np.ones(n), group=g)
+
+
+def state(g):
+    rec = g.signatures
+    return g.seq, rec.n, rec.due, list(rec.sigs), set(rec.seen)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_whole_call_in_c_counts_and_records_as_python_does(dist, rank, size):
+    """The same calls on two groups, one through the C path and one through Python's, leave the
+    same call count and cross-rank record; the C path took them (it returns None, not
+    NotImplemented), and the periodic check between them passed."""
+    whole_in_c()
+    kept = native.all_reduce
+    groups = {}
+    for how in ("C", "Python"):
+        g = groups[how] = dist.new_group()
+        native.all_reduce = kept if how == "C" else None
+        try:
+            past_first_checks(dist, g)
+            for k in range(signature.EVERY + 5):
+                t = rank_data(rank, 1 + k % 3, np.float64, seed=k)
+                dist.all_reduce(t, dist.ReduceOp.MAX if k % 2 else dist.ReduceOp.SUM, group=g)
+                want = [rank_data(r, 1 + k % 3, np.float64, seed=k) for r in range(size)]
+                np.testing.assert_allclose(t, np.max(want, 0) if k % 2 else np.sum(want, 0))
+        finally:
+            native.all_reduce = kept
+    assert state(groups["C"]) == state(groups["Python"])
+    g = groups["C"]
+    seq, n = g.seq, g.signatures.n
+    t = np.full(4, float(rank))
+    assert native.all_reduce(t, dist.ReduceOp.SUM, g, True) is None
+    assert list(t) == [size * (size - 1) / 2] * 4
+    assert (g.seq, g.signatures.n) == (seq + 1, n + 1)
+    assert g.signatures.sigs[-1] == ("all_reduce", 4, "float64", "SUM")
+    assert native.all_reduce(t, dist.ReduceOp.SUM, g, False) is None  # the check off: counted only
+    assert (g.seq, g.signatures.n) == (seq + 2, n + 1)
+    for g in groups.values():
+        dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_off_the_common_case_the_c_path_does_nothing(dist, rank, size):
+    """Whatever is not the common case comes back NotImplemented with nothing counted, recorded or
+    sent: the Python path then takes the call, and converts, refuses or stages it."""
+    whole_in_c()
+    g = dist.new_group()
+    past_first_checks(dist, g)
+    add = dist.ReduceOp.SUM
+
+    class Sub(np.ndarray):
+        pass
+
+    ro = np.ones(2)
+    ro.flags.writeable = False
+    cases = {
+        "a list": ([1.0, 2.0], add, g),
+        "an ndarray subclass": (np.ones(2).view(Sub), add, g),
+        "read-only": (ro, add, g),
+        "strided": (np.ones(4)[::2], add, g),
+        "float16 (reduced by mpidist)": (np.ones(2, np.float16), add, g),
+        "a dtype MPI does not move": (np.array(["a"]), add, g),
+        "AVG (a divide after)": (np.ones(2), dist.ReduceOp.AVG, g),
+        "PREMUL_SUM": (np.ones(2), dist.make_premul_sum(2.0), g),
+        "an op that is not a ReduceOp": (np.ones(2), "SUM", g),
+        "not a group": (np.ones(2), add, None),
+    }
+    before = state(g)
+    for what, (t, op, grp) in cases.items():
+        for sign in (True, False):
+            assert native.all_reduce(t, op, grp, sign) is NotImplemented, what
+            assert state(g) == before, what
+    g.signatures.due = g.signatures.n + 1  # the check is due: Python makes it
+    assert native.all_reduce(np.ones(2), add, g, True) is NotImplemented
+    assert native.all_reduce(np.ones(2), add, g, False) is None  # without the check, it runs
+    g.signatures.due = g.signatures.n + signature.EVERY
+    keep = g.persistent
+    g.persistent = {"a request": None}  # a group with persistent requests: persistent.py's path
+    try:
+        assert native.all_reduce(np.ones(2), add, g, True) is NotImplemented
+    finally:
+        g.persistent = keep
+    fresh = dist.new_group()  # no record yet: its first calls are checked in Python
+    assert native.all_reduce(np.ones(2), add, fresh, True) is NotImplemented
+    dist.destroy_process_group(fresh)  # a destroyed group: Python raises
+    assert native.all_reduce(np.ones(2), add, fresh, False) is NotImplemented
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        native.all_reduce(np.ones(2), add, g)
+    dist.destroy_process_group(g)
+    still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_on_different_paths_agree_and_a_mismatch_is_still_named(dist, rank, size):
+    """Each rank may choose its path alone: rank 0 in Python, the others in C make the same MPI
+    calls and the same records. An op one rank gets wrong in an unchecked call (recorded in C) is
+    named at the next check, on every rank. (An op, not a count: MPI completes a reduction whose
+    ranks disagree on the op, while one whose counts differ may hang under Open MPI.)"""
+    whole_in_c()
+    kept = native.all_reduce
+    if rank == 0:
+        native.all_reduce = None
+    try:
+        g = dist.new_group()
+        past_first_checks(dist, g)
+        for _ in range(2 * signature.EVERY):
+            t = np.full(3, 1.0)
+            dist.all_reduce(t, group=g)
+            assert list(t) == [float(size)] * 3
+        bad_seq = g.seq + 1
+        got = None
+        try:
+            dist.all_reduce(np.ones(2), dist.ReduceOp.MAX if rank == size - 1 else dist.ReduceOp.SUM,
+                            group=g)
+            for _ in range(signature.EVERY + 1):
+                dist.all_reduce(np.ones(2), group=g)
+        except ValueError as exc:
+            got = str(exc)
+    finally:
+        native.all_reduce = kept
+    texts = gathered(dist, got)
+    assert None not in texts and len(set(texts)) == 1, texts
+    assert f"all_reduce #{bad_seq} on group" in texts[0] and "'op'" in texts[0], texts[0]
+    assert f"rank {size - 1} passed MAX" in texts[0], texts[0]
+    dist.destroy_process_group(g)
+    still_works(dist, size)
+
+
+@built
+def test_bind_refuses_a_class_whose_fields_are_not_slots():
+    from mpidist.calls.ops import Plan, ReduceOp
+    from mpidist.checks.signature import Record
+    from mpidist.core.buffers import AS_IS, DType
+
+    class Loose:  # no __slots__: its fields live in a dict, with no offset
+        name = factor = plans = None
+
+    with pytest.raises(TypeError, match=r"Loose\.name is not a __slots__ member"):
+        _native.bind(np.ndarray, Loose, object, Record, DType, Plan, AS_IS, "all_reduce",
+                     (0, 2, 4, 5), (1, 2, 3, 4))
+    t = np.ones(1)
+    assert _native.all_reduce(t, ReduceOp.SUM, object(), False) is NotImplemented  # off until bound
+    native.bind(_native)  # and binds again to the real classes
+    t = np.ones(1)
+    assert _native.all_reduce(t, ReduceOp.SUM, None, False) is NotImplemented
