@@ -126,6 +126,14 @@ def enable(on: bool = True) -> str:
     return why_not
 
 
+def state() -> str:
+    """``"on"``, ``"on; ..."`` (the C calls run, all_reduce's checks in Python, and why), or
+    ``"off: ..."``, as ``python -m mpidist info`` says it."""
+    if allreduce is None:
+        return f"off: {why_not}"
+    return "on" if all_reduce is not None else f"on; {why_not}"
+
+
 def bind(module: Any) -> None:
     """Show the C module the objects :func:`mpidist.all_reduce` checks, so that its
     ``all_reduce`` can check them alike: ``ndarray``, :class:`ReduceOp` and its plans,

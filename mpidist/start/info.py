@@ -84,7 +84,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "thread_level_requested": str(mpi4py.rc.thread_level),
         "cuda_aware": cuda_aware(),
         "gpu_path": _gpu_path(),
-        "c_calls": "on" if native.allreduce is not None else f"off: {native.why_not}",
+        "c_calls": native.state(),
         "launcher": launcher.detect_launcher(size),
         "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
         "survive_failure": faults.survival(),
