@@ -207,7 +207,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
  * and the Python path takes the call. */
 
 static PyTypeObject *t_ndarray, *t_op, *t_group, *t_record, *t_dtype, *t_plan;
-static PyObject *as_is, *call_name, *s_dtype, *last_sig;
+static PyObject *as_is, *call_name, *s_dtype, *last_sig, *check_fn;
 static Py_ssize_t op_name, op_factor, op_plans;
 static Py_ssize_t g_comm, g_size, g_persistent, g_handle, g_seq, g_signatures;
 static Py_ssize_t r_n, r_sigs, r_seen, r_due;
@@ -243,15 +243,22 @@ static int take_type(PyObject *o, PyTypeObject **slot) {
 }
 
 /* bind(ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, "all_reduce", dtype fields
- * (name, kind, handle, extent), plan fields (average, factor, lowprec, handle)) */
+ * (name, kind, handle, extent), plan fields (average, factor, lowprec, handle)[, check]):
+ * check(group, record) is signature.check; without it a call whose check is due goes to Python. */
 static PyObject *bind(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *nd, *op, *grp, *rec, *dt, *pl, *table, *name;
+    PyObject *nd, *op, *grp, *rec, *dt, *pl, *table, *name, *check = NULL;
     Py_CLEAR(t_ndarray);  /* all_reduce is off until every step below has succeeded */
-    if (!PyArg_ParseTuple(args, "OOOOOOO!U(nnnn)(nnnn)", &nd, &op, &grp, &rec, &dt, &pl, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "OOOOOOO!U(nnnn)(nnnn)|O", &nd, &op, &grp, &rec, &dt, &pl, &PyDict_Type,
                           &table, &name, &d_name, &d_kind, &d_handle, &d_extent, &p_average,
-                          &p_factor, &p_lowprec, &p_handle))
+                          &p_factor, &p_lowprec, &p_handle, &check))
         return NULL;
+    if (check != NULL && !PyCallable_Check(check)) {
+        PyErr_SetString(PyExc_TypeError, "bind: check must be callable");
+        return NULL;
+    }
+    Py_XINCREF(check);
+    Py_XSETREF(check_fn, check);
     if (!PyType_Check(nd) || !take_type(op, &t_op) || !take_type(grp, &t_group)
         || !take_type(rec, &t_record) || !take_type(dt, &t_dtype) || !take_type(pl, &t_plan)) {
         if (!PyErr_Occurred())
@@ -319,19 +326,14 @@ static PyObject *signature(int count, PyObject *d, PyObject *op) {
     return sig;
 }
 
-/* all_reduce(tensor, op, group, sign): the common case of mpidist's all_reduce, done here: a
- * contiguous, writable numpy array of a dtype MPI moves as it is, a plain ReduceOp that is not
- * AVG, a live group of 2 or more ranks without persistent requests; with `sign` (the cross-rank
- * check on), a call whose check is not due: its signature is recorded as signature.note would.
- * Counts the call on the group, then as allreduce(). NotImplemented: nothing was done. */
-static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "all_reduce takes 4 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *tensor = args[0], *op = args[1], *pg = args[2];
-    int sign = args[3] == Py_True;
+/* all_reduce's common case, done here: a contiguous, writable numpy array of a dtype MPI moves as
+ * it is, a plain ReduceOp that is not AVG, a live group of 2 or more ranks without persistent
+ * requests. With `sign` (the cross-rank check on) and a record on the group, the signature is
+ * recorded as signature.note would, and the check (bound's signature.check) runs when due. Counts
+ * the call on the group, then as allreduce(). NotImplemented: nothing was done. An error of the
+ * MPI routine sets *from_mpi (an error the check raises does not). */
+static PyObject *whole(PyObject *tensor, PyObject *op, PyObject *pg, int sign, int *from_mpi) {
+    *from_mpi = 0;
     if (t_ndarray == NULL || f_iallreduce == NULL || !Py_IS_TYPE(tensor, t_ndarray)
         || !Py_IS_TYPE(op, t_op) || !Py_IS_TYPE(pg, t_group) || SLOT(op, op_factor) != Py_None)
         return not_implemented();
@@ -358,20 +360,22 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
         return not_implemented();
     PyObject *rec = NULL, *sigs = NULL;
     long long n = 0;
+    int due = 0;
     if (sign) {
         rec = SLOT(pg, g_signatures);
-        if (rec == NULL || !Py_IS_TYPE(rec, t_record))
-            return not_implemented();
+        if (rec == NULL || !Py_IS_TYPE(rec, t_record) || check_fn == NULL)
+            return not_implemented();  /* the group's first call makes its record, in Python */
         sigs = SLOT(rec, r_sigs);
         PyObject *seen = SLOT(rec, r_seen);
         n = small_int(SLOT(rec, r_n));
-        long long due = small_int(SLOT(rec, r_due));
-        if (n < 0 || due < 0 || n + 1 >= due || sigs == NULL || !PyList_CheckExact(sigs) || seen == NULL
+        long long next = small_int(SLOT(rec, r_due));
+        if (n < 0 || next < 0 || sigs == NULL || !PyList_CheckExact(sigs) || seen == NULL
             || !PyAnySet_CheckExact(seen))
             return not_implemented();
         int known = PySet_Contains(seen, call_name);
-        if (known <= 0)
-            return known < 0 ? NULL : not_implemented();
+        if (known < 0)
+            return NULL;
+        due = n + 1 >= next || !known;
     }
     long long seq = small_int(SLOT(pg, g_seq));
     if (seq < 0)
@@ -389,29 +393,251 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
     int got = take_count(&view, field(d, t_dtype, d_extent), &count);
     if (got != 0)
         return got < 0 ? NULL : not_implemented();
-    /* the common case: count the call and record its signature, then call MPI */
+    /* the common case: count the call and record its signature (and check, when due: a mismatch
+     * raises on every rank before any starts the routine), then call MPI */
     PyObject *new_seq = PyLong_FromLongLong(seq + 1), *sig = NULL, *new_n = NULL;
     if (new_seq == NULL)
         goto fail;
+    Py_SETREF(SLOT(pg, g_seq), new_seq);
+    new_seq = NULL;
     if (sign) {
         if ((new_n = PyLong_FromLongLong(n + 1)) == NULL || (sig = signature(count, d, op)) == NULL
             || PyList_Append(sigs, sig) != 0)
             goto fail;
-        Py_DECREF(sig);
+        Py_CLEAR(sig);
         Py_SETREF(SLOT(rec, r_n), new_n);
+        new_n = NULL;
+        if (due) {
+            PyObject *done = PyObject_CallFunctionObjArgs(check_fn, pg, rec, NULL);
+            if (done == NULL)
+                goto fail;
+            Py_DECREF(done);
+        }
     }
-    Py_SETREF(SLOT(pg, g_seq), new_seq);
     request_t r = {0, NULL};
     int err = start_allreduce(view.buf, count, dtype, mop, chandle, &r);
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
-    return finish(&r, err, bytes);
+    *from_mpi = 1;  /* the only errors from here on are the routine's */
+    PyObject *out = finish(&r, err, bytes);
+    if (out != NULL)
+        *from_mpi = 0;
+    return out;
 fail:
     Py_XDECREF(new_seq);
     Py_XDECREF(new_n);
     Py_XDECREF(sig);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* all_reduce(tensor, op, group, sign): whole() from Python (the C call that
+ * mpidist.calls.collectives.all_reduce tries first where no Entry serves it, and the tests). */
+static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "all_reduce takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    int from_mpi;
+    return whole(args[0], args[1], args[2], args[3] == Py_True, &from_mpi);
+}
+
+/* ---- Entry: mpidist.all_reduce itself, for its common case. A Python function's call and body
+ * cost about 0.14 us, 8 % of a 2-rank 8 B MPI_Allreduce here (docs/benchmarks.md). An Entry takes
+ * torch's arguments (tensor, op=SUM, group=None, async_op=False) by vectorcall, reads the
+ * switches that send a call elsewhere, and runs whole(); every other call -- other arguments, a
+ * switch set, NotImplemented -- goes to the Python function, unchanged, with the same arguments.
+ * Its __dict__ carries the function's name, doc, __wrapped__ and `call`. Entries are made once
+ * per process and live as long as it (no cyclic GC). */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *fallback;                 /* the Python function */
+    PyObject *gates;                    /* ((dict, key, value), ...): each dict[key] must be value */
+    PyObject *world_dict, *world_key;   /* where group=None is found */
+    PyObject *sign_dict, *sign_key;     /* the cross-rank check's switch */
+    PyObject *default_op;
+    PyObject *on_pending, *on_error;    /* (handle or exception, group, tensor) */
+} entry_t;
+
+static PyObject *s_tensor, *s_op, *s_group, *s_async_op;
+
+static int same_name(PyObject *key, PyObject *name) {
+    return key == name || PyUnicode_Compare(key, name) == 0;
+}
+
+static PyObject *entry_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    entry_t *e = (entry_t *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    PyObject *a[4] = {NULL, e->default_op, Py_None, Py_False};
+    if (nargs > 4)
+        goto python;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        a[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t at = same_name(key, s_tensor) ? 0 : same_name(key, s_op) ? 1
+                        : same_name(key, s_group) ? 2 : same_name(key, s_async_op) ? 3 : -1;
+        if (at < nargs)  /* unknown, or given twice: the Python function raises torch's TypeError */
+            goto python;
+        a[at] = args[nargs + k];
+    }
+    if (a[0] == NULL || a[3] != Py_False)
+        goto python;
+    for (Py_ssize_t g = 0; g < PyTuple_GET_SIZE(e->gates); g++) {
+        PyObject *gate = PyTuple_GET_ITEM(e->gates, g);
+        if (PyDict_GetItemWithError(PyTuple_GET_ITEM(gate, 0), PyTuple_GET_ITEM(gate, 1))
+            != PyTuple_GET_ITEM(gate, 2)) {
+            if (PyErr_Occurred())
+                return NULL;
+            goto python;
+        }
+    }
+    PyObject *pg = a[2];
+    if (pg == Py_None) {
+        pg = PyDict_GetItemWithError(e->world_dict, e->world_key);
+        if (pg == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            goto python;  /* not initialized: the Python path says so */
+        }
+    }
+    int sign = PyDict_GetItemWithError(e->sign_dict, e->sign_key) == Py_True, from_mpi;
+    if (PyErr_Occurred())
+        return NULL;
+    Py_INCREF(pg);  /* whole() may run Python (the check), which may rebind the world */
+    PyObject *out = whole(a[0], a[1], pg, sign, &from_mpi);
+    if (out == Py_None || (out == NULL && !from_mpi)) {
+        Py_DECREF(pg);
+        return out;
+    }
+    if (out == Py_NotImplemented) {
+        Py_DECREF(out);
+        Py_DECREF(pg);
+        goto python;
+    }
+    PyObject *then;
+    if (out != NULL) {  /* the pending request: the bounded wait goes on in Python */
+        then = PyObject_CallFunctionObjArgs(e->on_pending, out, pg, a[0], NULL);
+        Py_DECREF(out);
+    } else if (PyErr_ExceptionMatches(mpi_exception)) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        then = PyObject_CallFunctionObjArgs(e->on_error, value, pg, a[0], NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    } else {
+        then = NULL;
+    }
+    Py_DECREF(pg);
+    if (then == NULL)
+        return NULL;
+    Py_DECREF(then);
+    Py_RETURN_NONE;
+python:
+    return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+}
+
+static void entry_dealloc(PyObject *self) {
+    entry_t *e = (entry_t *)self;
+    Py_XDECREF(e->dict);
+    Py_XDECREF(e->fallback);
+    Py_XDECREF(e->gates);
+    Py_XDECREF(e->world_dict);
+    Py_XDECREF(e->world_key);
+    Py_XDECREF(e->sign_dict);
+    Py_XDECREF(e->sign_key);
+    Py_XDECREF(e->default_op);
+    Py_XDECREF(e->on_pending);
+    Py_XDECREF(e->on_error);
+    PyObject_Free(self);
+}
+
+static PyObject *entry_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)obj;
+    (void)type;
+    Py_INCREF(self);  /* as a builtin function: no binding (and inspect sees a routine) */
+    return self;
+}
+
+static PyObject *entry_repr(PyObject *self) {
+    PyObject *name = ((entry_t *)self)->dict ? PyDict_GetItemString(((entry_t *)self)->dict, "__qualname__") : NULL;
+    return PyUnicode_FromFormat("<function %S (common case in C)>", name ? name : Py_None);
+}
+
+static PyGetSetDef entry_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject entry_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpidist.calls._native.Entry",
+    .tp_basicsize = sizeof(entry_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A torch.distributed call whose common case runs in C (see mpidist.calls.native.entry).",
+    .tp_vectorcall_offset = offsetof(entry_t, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_dictoffset = offsetof(entry_t, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_descr_get = entry_get,
+    .tp_repr = entry_repr,
+    .tp_dealloc = entry_dealloc,
+    .tp_getset = entry_getset,
+};
+
+static int gates_ok(PyObject *gates) {
+    if (!PyTuple_Check(gates))
+        return 0;
+    for (Py_ssize_t g = 0; g < PyTuple_GET_SIZE(gates); g++) {
+        PyObject *gate = PyTuple_GET_ITEM(gates, g);
+        if (!PyTuple_Check(gate) || PyTuple_GET_SIZE(gate) != 3 || !PyDict_Check(PyTuple_GET_ITEM(gate, 0)))
+            return 0;
+    }
+    return 1;
+}
+
+/* entry(fallback, gates, (world dict, key), (check's dict, key), default op, on_pending, on_error) */
+static PyObject *entry(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *fallback, *gates, *wd, *wk, *sd, *sk, *op, *pend, *err;
+    if (!PyArg_ParseTuple(args, "OO(O!O)(O!O)OOO", &fallback, &gates, &PyDict_Type, &wd, &wk,
+                          &PyDict_Type, &sd, &sk, &op, &pend, &err))
+        return NULL;
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(pend) || !PyCallable_Check(err) || !gates_ok(gates)) {
+        PyErr_SetString(PyExc_TypeError, "entry: callables and a tuple of (dict, key, value) gates are expected");
+        return NULL;
+    }
+    if (s_tensor == NULL && ((s_tensor = PyUnicode_InternFromString("tensor")) == NULL
+                             || (s_op = PyUnicode_InternFromString("op")) == NULL
+                             || (s_group = PyUnicode_InternFromString("group")) == NULL
+                             || (s_async_op = PyUnicode_InternFromString("async_op")) == NULL))
+        return NULL;
+    entry_t *e = PyObject_New(entry_t, &entry_type);
+    if (e == NULL)
+        return NULL;
+    e->vectorcall = entry_call;
+    e->fallback = e->gates = e->world_dict = e->world_key = e->sign_dict = e->sign_key = NULL;
+    e->default_op = e->on_pending = e->on_error = NULL;
+    e->dict = PyDict_New();
+    if (e->dict == NULL) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    PyObject *held[] = {fallback, gates, wd, wk, sd, sk, op, pend, err};
+    PyObject **slots[] = {&e->fallback, &e->gates, &e->world_dict, &e->world_key, &e->sign_dict,
+                          &e->sign_key, &e->default_op, &e->on_pending, &e->on_error};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) {
+        Py_INCREF(held[i]);
+        *slots[i] = held[i];
+    }
+    return (PyObject *)e;
 }
 
 static PyObject *bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -496,6 +722,9 @@ static PyMethodDef methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))all_reduce, METH_FASTCALL,
      "all_reduce(tensor, op, group, sign): mpidist's all_reduce in its common case, done here "
      "(see bind); as allreduce, or NotImplemented when off that case (nothing done)."},
+    {"entry", entry, METH_VARARGS,
+     "entry(fallback, gates, (world dict, key), (check dict, key), default op, on_pending, on_error): "
+     "a callable that runs all_reduce's common case here and everything else through fallback."},
     {"bind", bind, METH_VARARGS,
      "bind(ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, call name, DType fields "
      "(name, kind, handle, extent), Plan fields (average, factor, lowprec, handle))"},
@@ -507,4 +736,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&entry_type) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from ..checks import debug, signature
 from ..checks.fingerprint import ARRAY, OP, ROOT, agree
+from ..core import registry as registry_
 from ..core import timeouts
 from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
 from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
@@ -60,16 +61,17 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     quick = native.all_reduce
     if quick is not None and not (async_op or debug.LEVEL or persistent.ON):
         # the common case whole in C (calls/native.py): the checks below, the count and the
-        # signature, MPI_Iallreduce and the wait's spin; NotImplemented where it is not that case
+        # signature, MPI_Iallreduce and the wait's spin; NotImplemented where it is not that case.
+        # (Where the Entry below serves the call, it got here only with a debug hook on.)
         try:
             pending = quick(tensor, op, pg, signature.ON)
-            if pending is None:
-                return None
-            if pending is not NotImplemented:
-                timeouts.wait_pending(pending, pg, all_reduce.call, tensor)
-                return None
         except MPI.Exception as exc:
-            raise failure(pg, all_reduce.call, exc, tensor) from None
+            _failed(exc, pg, tensor)
+        if pending is None:
+            return None
+        if pending is not NotImplemented:
+            _waited(pending, pg, tensor)
+            return None
     call = all_reduce.call
     # resolve() and plan() inlined for the common case
     if type(pg) is not ProcessGroup or pg.comm is None:
@@ -133,6 +135,24 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     comm = _reducer(p, pg, call)
     return issue(pg, call, async_op, comm.Allreduce, comm.Iallreduce, (IN_PLACE, [arr, d.mpi], p.op),
                  _average(p, arr, d, pg._size), tensor, staging, p.lowprec is not None, sig)
+
+
+def _waited(pending: int, group: ProcessGroup, tensor: Any) -> None:
+    """The rest of an all_reduce the C call left pending: the bounded wait (``group``: the name
+    the stall watch reads, :func:`mpidist.core.registry.part_of`)."""
+    timeouts.wait_pending(pending, group, all_reduce.call, tensor)
+
+
+def _failed(exc: MPI.Exception, group: ProcessGroup, tensor: Any) -> None:
+    """An all_reduce's MPI error, raised as mpidist's (:func:`~mpidist.core.timeouts.failure`)."""
+    raise failure(group, all_reduce.call, exc, tensor) from None
+
+
+registry_.part_of(all_reduce.call, _waited)
+# mpidist.all_reduce itself: its common case in C, from the arguments on (calls/native.py, ``entry``)
+all_reduce = native.entry(all_reduce, ((all_reduce.__globals__, "_hook", None),
+                                       (vars(debug), "LEVEL", 0), (vars(persistent), "ON", False)),
+                          (registry, "world"), (signature, "ON"), ReduceOp.SUM, _waited, _failed)
 
 
 def _premultiply(arr: np.ndarray, d: DType, p: Plan) -> None:

@@ -166,6 +166,12 @@ def define(name: str | None = None, *, fingerprint: Fingerprint | None = None,
     return declare
 
 
+def part_of(call: Call, fn: Callable[..., Any]) -> None:
+    """Count ``fn``'s frames as ``call``'s, for the watchers that sample stacks: a part of a call
+    that runs outside its body's frame (what a C entry hands back to Python)."""
+    _CODES[fn.__code__] = call
+
+
 def of(name: str) -> Call:
     """The :class:`Call` declared as ``name`` (``KeyError`` if none)."""
     return REGISTRY[name]

@@ -345,10 +345,13 @@ def test_off_the_common_case_the_c_path_does_nothing(dist, rank, size):
         for sign in (True, False):
             assert native.all_reduce(t, op, grp, sign) is NotImplemented, what
             assert state(g) == before, what
-    g.signatures.due = g.signatures.n + 1  # the check is due: Python makes it
-    assert native.all_reduce(np.ones(2), add, g, True) is NotImplemented
+    g.signatures.due = g.signatures.n + 1  # the check is due: C calls it, then the routine
+    t = np.full(2, float(rank))
+    assert native.all_reduce(t, add, g, True) is None
+    assert list(t) == [size * (size - 1) / 2] * 2
+    assert (g.signatures.due, g.signatures.sigs) == (g.signatures.n + signature.EVERY, [])
     assert native.all_reduce(np.ones(2), add, g, False) is None  # without the check, it runs
-    g.signatures.due = g.signatures.n + signature.EVERY
+    before = state(g)
     keep = g.persistent
     g.persistent = {"a request": None}  # a group with persistent requests: persistent.py's path
     try:
@@ -418,3 +421,177 @@ def test_bind_refuses_a_class_whose_fields_are_not_slots():
     native.bind(_native)  # and binds again to the real classes
     t = np.ones(1)
     assert _native.all_reduce(t, ReduceOp.SUM, None, False) is NotImplemented
+
+
+def python_frames(run):
+    """The names of mpidist's Python functions that ``run()`` calls (``sys.setprofile``): an Entry
+    that takes the call in C runs none."""
+    import os
+    import sys
+
+    import mpidist
+    home = os.path.dirname(mpidist.__file__)
+    names = []
+
+    def profile(frame, event, arg):
+        where = frame.f_code.co_filename
+        if event == "call" and (where.startswith(home) or where.startswith("<mpidist")):
+            names.append(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+@built
+def test_all_reduce_is_an_entry_with_the_python_functions_face():
+    """mpidist.all_reduce is the C Entry; inspect, help and Sphinx see the Python function."""
+    import inspect
+
+    import mpidist
+    from mpidist.calls import collectives
+    e = mpidist.all_reduce
+    assert type(e).__name__ == "Entry" and e is collectives.all_reduce
+    fn = e.__wrapped__
+    assert inspect.signature(e) == inspect.signature(fn)
+    assert list(inspect.signature(e).parameters) == ["tensor", "op", "group", "async_op"]
+    assert (e.__name__, e.__qualname__, e.__module__) == ("all_reduce", "all_reduce", fn.__module__)
+    assert e.__doc__ == fn.__doc__ and "MPI_Allreduce" in e.__doc__ and e.call is fn.call
+    assert inspect.isroutine(e) and "all_reduce" in repr(e)
+
+
+@built
+@pytest.mark.mpi(min_size=2)
+def test_the_entry_takes_torchs_arguments_every_way_in_c(dist, rank, size):
+    """Every spelling of a blocking call in the common case is taken in C (no Python frame), and
+    counted and recorded as one call; the result is numpy's on the gathered inputs."""
+    whole_in_c()
+    g = dist.new_group()
+    past_first_checks(dist, g)
+    world = dist.group.WORLD
+    past_first_checks(dist, world)
+    add, most = dist.ReduceOp.SUM, dist.ReduceOp.MAX
+    forms = {
+        "(t)": (lambda t: dist.all_reduce(t), add, world),
+        "(t, op)": (lambda t: dist.all_reduce(t, most), most, world),
+        "(t, op, None)": (lambda t: dist.all_reduce(t, add, None), add, world),
+        "(t, op, g, False)": (lambda t: dist.all_reduce(t, most, g, False), most, g),
+        "(t, op=, group=)": (lambda t: dist.all_reduce(t, op=most, group=g), most, g),
+        "(tensor=)": (lambda t: dist.all_reduce(tensor=t), add, world),
+        "(t, group=, async_op=False)": (lambda t: dist.all_reduce(t, group=g, async_op=False), add, g),
+        "(group=, tensor=, op=)": (lambda t: dist.all_reduce(group=g, tensor=t, op=add), add, g),
+    }
+    for k, (what, (run, op, grp)) in enumerate(forms.items()):
+        grp.signatures.due = grp.signatures.n + 3  # never due here: the count below is exact
+        t = rank_data(rank, 3, np.float64, seed=k)
+        seq, n = grp.seq, grp.signatures.n
+        assert python_frames(lambda run=run, t=t: run(t)) == [], what
+        want = np.stack([rank_data(r, 3, np.float64, seed=k) for r in range(size)])
+        np.testing.assert_allclose(t, want.max(0) if op is most else want.sum(0), err_msg=what)
+        assert (grp.seq, grp.signatures.n) == (seq + 1, n + 1), what
+    g.signatures.due = g.signatures.n + 1  # a due check runs in C too
+    t = np.full(2, float(rank))
+    frames = python_frames(lambda: dist.all_reduce(t, group=g))
+    assert "check" in frames and "all_reduce" not in frames, frames
+    assert list(t) == [size * (size - 1) / 2] * 2 and g.signatures.sigs == []
+    dist.destroy_process_group(g)
+    still_works(dist, size)
+
+
+@built
+@pytest.mark.mpi(min_size=2)
+def test_the_entry_hands_everything_else_to_the_python_function(dist, rank, size, monkeypatch):
+    """async_op, a debug hook, persistent requests, the C path off, and bad arguments go to the
+    Python function with the arguments as given: the same result, Work or TypeError."""
+    from mpidist.calls import collectives, persistent
+    from mpidist.core import registry
+    whole_in_c()
+    fn = collectives.all_reduce.__wrapped__
+    g = dist.new_group()
+    past_first_checks(dist, g)
+    want = [size * (size - 1) / 2] * 2
+
+    t = np.full(2, float(rank))
+    work = []
+    assert "all_reduce" in python_frames(lambda: work.append(dist.all_reduce(t, group=g, async_op=True)))
+    work[0].wait()
+    assert list(t) == want
+    seen = []
+    registry.set_hook("test", lambda call, body, a: (seen.append(call.name), body(**a))[1])
+    try:
+        t = np.full(2, float(rank))
+        dist.all_reduce(t, group=g)
+    finally:
+        registry.set_hook("test", None)
+    assert seen == ["all_reduce"] and list(t) == want
+    kept = native.all_reduce
+    native.all_reduce = None
+    try:
+        t = np.full(2, float(rank))
+        assert "all_reduce" in python_frames(lambda: dist.all_reduce(t, group=g))
+    finally:
+        native.all_reduce = kept
+    assert list(t) == want
+    monkeypatch.setattr(persistent, "ON", True)
+    t = np.full(2, float(rank))
+    assert "all_reduce" in python_frames(lambda: dist.all_reduce(t, group=g))
+    assert list(t) == want
+    monkeypatch.setattr(persistent, "ON", False)
+    t = np.full(2, float(rank))
+    bad = {
+        "no tensor": ((), {}),
+        "an unknown keyword": ((t,), {"grp": g}),
+        "a tensor given twice": ((t,), {"tensor": t}),
+        "five arguments": ((t, None, g, False, 1), {}),
+    }
+    for what, (args, kwargs) in bad.items():
+        with pytest.raises(TypeError) as python:
+            fn(*args, **kwargs)
+        with pytest.raises(TypeError) as entry:
+            dist.all_reduce(*args, **kwargs)
+        assert str(entry.value) == str(python.value), what
+    dist.destroy_process_group(g)
+    still_works(dist, size)
+
+
+@built
+@pytest.mark.mpi(min_size=2)
+def test_an_mpi_error_in_the_entry_raises_mpidists_error(dist, rank, size):
+    """The routine's MPI error, on the C path, becomes mpidist's error naming the call, and the
+    group goes on working. (MPICH: a null communicator's error returns; Open MPI's may abort.)"""
+    whole_in_c()
+    if native.handle_abi(__import__("ctypes").CDLL(MPI.__file__)) != "mpich":
+        pytest.skip("Open MPI's null-communicator error is fatal, not returned")
+    from mpidist.core.errors import MPICallError
+    g = dist.new_group()
+    past_first_checks(dist, g)
+    kept = g.handle
+    g.handle = MPI._handleof(MPI.COMM_NULL)
+    try:
+        with pytest.raises(MPICallError, match=r"all_reduce #\d+ on group .*Invalid communicator"):
+            dist.all_reduce(np.ones(2), group=g)
+    finally:
+        g.handle = kept
+    t = np.full(2, float(rank))
+    dist.all_reduce(t, group=g)
+    assert list(t) == [size * (size - 1) / 2] * 2
+    dist.destroy_process_group(g)
+    still_works(dist, size)
+
+
+@built
+def test_the_wait_after_the_entry_counts_as_all_reduce_for_the_watchers(monkeypatch):
+    """What the Entry hands back to Python (a pending request's wait) is named all_reduce, with its
+    group, on a sampled stack (the stall watch, the exit watch), as the Python function's frames."""
+    import sys
+
+    from mpidist.calls import collectives
+    from mpidist.core import registry, timeouts
+    frames = []
+    monkeypatch.setattr(timeouts, "wait_pending", lambda *a: frames.append(sys._getframe(1)))
+    group = object()
+    collectives._waited(0, group, None)
+    call, frame = registry.outermost_call(frames[0])
+    assert call is collectives.all_reduce.call and frame.f_locals[call.group_arg] is group
