@@ -7,11 +7,15 @@ group of more than one rank starts the nonblocking ``I*`` routine (or a persiste
 backing off, until they complete or the group's ``timeout`` passes.
 
 Past the deadline the rank gives up, and tells its peers: it sends a notice (its call, its
-sequence number on the group and "gave up") to every other rank of the group, on the tag
-:mod:`mpidist.core.tags` reserves for it, then listens for a short grace period. A peer that is
+sequence number on the group and "gave up") on the tag :mod:`mpidist.core.tags` reserves for
+it, then listens for a short grace period. A notice goes to the ``ceil(log2 n)`` ranks
+``r + 1, r + 2, r + 4, ...`` (mod n) of the group, not to all n - 1, and carries what its sender
+has heard of other ranks; each rank passes on, to the same neighbours, what it learns that it
+did not know, so every rank hears of every other one that gave up within ``ceil(log2 n)`` hops,
+along many paths: a rank that never answers cuts none of them short. A peer that is
 waiting in a call on the same group sees the notice in its own polling loop, gives up too
 and sends its own notice, so every rank that waits raises within about the grace period of
-the first, and each names the ranks it did not hear from -- the ones that never reached a
+the first, and each names the ranks it did not hear of -- the ones that never reached a
 call on the group, or that cannot be reached -- with their hosts. The group is then broken:
 its communicator is set aside (an abandoned collective cannot be cancelled) and every later
 call on it raises at once. The world and other groups keep working.
@@ -40,6 +44,15 @@ from .waiting import SPIN, TESTS_PER_YIELD, Backoff, nbytes_of, poll, seconds, s
 #: What a notice says of its sender: it gave up waiting, or it answers one that did.
 GAVE_UP, WAITING = 1, 2
 _NOTICE_LEN = 5  # sequence number, call id, state, seconds waited (milliseconds), group token
+#: A notice message: the group token and its kind (news, or an ask for the receiver's own
+#: notice), then one entry per rank it tells of (group rank, then the first four fields of
+#: :data:`_NOTICE_LEN`).
+_HEAD, _ENTRY = 2, 5
+_NEWS, _ASK = 0, 1
+#: What the last give-up of this process sent: ``messages`` (point-to-point sends) and
+#: ``entries`` (ranks' notices they carried, summed over the sends). ``benchmarks/scale.py``
+#: reports them.
+LAST_GIVE_UP: dict[str, int] = {"messages": 0, "entries": 0}
 _yield = os.sched_yield
 #: Tests before the polling loop: a call on ranks that arrive together completes within a few
 #: microseconds, less than the loop costs to set up. They run in runs of
@@ -155,6 +168,7 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     deadline = None if limit is None else start + limit
     comm = pg.comm
     heard: dict[int, np.ndarray] = {}
+    asked: set[int] = set()
     backoff = Backoff(spin=spin)
 
     tests = [0]
@@ -164,7 +178,7 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
             return True
         tests[0] += 1
         if tests[0] % 64 == 1 and comm.Iprobe(MPI.ANY_SOURCE, NOTICE):  # a peer gave up?
-            _take_notices(comm, heard, _token(pg))
+            _take_notices(comm, heard, _token(pg), asked)
             return bool(heard)
         return False
 
@@ -176,7 +190,7 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     if timeout is not None and not heard:
         raise errors.runtime_error(
             call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
-    _give_up(pg, call, keep, limit, time.monotonic() - start, heard)
+    _give_up(pg, call, keep, limit, time.monotonic() - start, heard, asked)
 
 
 def expired(pg: ProcessGroup, call: Any, keep: Any, start: float) -> GroupTimeoutError | None:
@@ -187,9 +201,10 @@ def expired(pg: ProcessGroup, call: Any, keep: Any, start: float) -> GroupTimeou
         return faults.broken(pg, call) or GroupTimeoutError(
             errors.message(call, f"process group {pg.group_name!r} is broken: {pg.broken}"))
     heard: dict[int, np.ndarray] = {}
+    asked: set[int] = set()
     try:
         if pg.comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
-            _take_notices(pg.comm, heard, _token(pg))
+            _take_notices(pg.comm, heard, _token(pg), asked)
     except MPI.Exception as exc:
         return failure(pg, call, exc, keep)
     limit = seconds(pg.timeout)
@@ -197,7 +212,7 @@ def expired(pg: ProcessGroup, call: Any, keep: Any, start: float) -> GroupTimeou
     if not heard and (limit is None or waited < limit):
         return None
     try:
-        _give_up(pg, call, keep, limit, waited, heard)
+        _give_up(pg, call, keep, limit, waited, heard, asked)
     except GroupTimeoutError as exc:
         return exc
     return None  # unreachable: _give_up raises
@@ -210,41 +225,127 @@ def _token(pg: ProcessGroup) -> int:
     return zlib.crc32(f"{groups.registry.generation}/{pg.group_name}/{pg.ranks}".encode()) & 0x7FFFFFFF
 
 
-def _take_notices(comm: MPI.Intracomm, heard: dict[int, np.ndarray], token: int) -> None:
-    """Receive every notice that has arrived (group rank -> its notice); drop stale ones."""
+def _take_notices(comm: MPI.Intracomm, heard: dict[int, np.ndarray], token: int,
+                  asked: set[int] | None = None) -> int:
+    """Receive every notice message that has arrived and note each rank it tells of (group
+    rank -> its notice, as :data:`_NOTICE_LEN`); drop stale ones (another group's token).
+    The senders of asks go into ``asked``. Returns how many ranks were new."""
     status = MPI.Status()
+    me, new = comm.Get_rank(), 0
     while comm.Iprobe(MPI.ANY_SOURCE, NOTICE, status):
-        msg = np.zeros(_NOTICE_LEN, np.int64)
+        msg = np.zeros(status.Get_count(MPI.INT64_T), np.int64)
         comm.Recv([msg, MPI.INT64_T], status.Get_source(), NOTICE)
-        if msg[4] == token:
-            heard[status.Get_source()] = msg
+        if msg.size < _HEAD + _ENTRY or msg[0] != token:
+            continue
+        if msg[1] == _ASK and asked is not None:
+            asked.add(status.Get_source())
+        for e in msg[_HEAD:].reshape(-1, _ENTRY):
+            if int(e[0]) not in heard and e[0] != me:
+                heard[int(e[0])] = np.array([e[1], e[2], e[3], e[4], token], np.int64)
+                new += 1
+    return new
+
+
+def neighbours(me: int, n: int) -> list[int]:
+    """The group ranks a notice goes to from ``me``: ``me + 2**j`` (mod ``n``) for ``2**j < n``.
+
+    Every rank is within ``ceil(log2 n)`` hops of every other, along several paths, so one rank
+    that is not listening holds back no news but its own (``tests/core/test_notices.py``)."""
+    return [(me + (1 << j)) % n for j in range(max(n - 1, 0).bit_length())]
+
+
+class _Notices:
+    """One rank's side of the give-up exchange: what it has heard, what it has passed on.
+
+    - News goes to :func:`neighbours`: at once for the first ``len(neighbours) + 1`` messages
+      (the waves in which it spreads), then at most once per eighth of the grace period, and
+      whatever is left when the rank stops listening.
+    - Half-way through the grace period the rank asks each peer it has not heard of, directly;
+      a peer that is listening answers with its own notice. Where silent ranks cut every path
+      from a peer, that peer is still heard of, so a report names exactly the ranks that did
+      not answer.
+
+    Messages a rank sends: at most ``L * min(n, L + 12)`` notices (``L = ceil(log2 n)``), plus
+    one ask per peer it had not heard of by then and one answer per peer that asked it --
+    O(log² n) where a few ranks are silent, however many give up at however many moments.
+    """
+
+    def __init__(self, pg: ProcessGroup, heard: dict[int, np.ndarray], asked: set[int],
+                 own: np.ndarray, grace_s: float) -> None:
+        self.comm, self.token = pg.comm, int(own[4])
+        self.me = pg._rank
+        self.peers = [r for r in range(pg._size) if r != self.me]
+        self.to = neighbours(self.me, pg._size)
+        self.heard, self.asked, self.answered = heard, asked, set()
+        self.told: set[int] = set()  # ranks already passed on to the neighbours
+        self.sends: list[MPI.Request] = []
+        self.sent: list[np.ndarray] = []  # the messages, alive until MPI has sent them
+        self.own = own
+        self.entries = 0
+        self.at_once = len(self.to) + 1
+        self.news = 0  # messages of news sent (each to every neighbour)
+        self.every = grace_s / 8
+        self.next_at = 0.0
+        self.ask_at: float | None = time.monotonic() + grace_s / 2
+
+    def _send(self, kind: int, entries: list[tuple[int, np.ndarray]], to: list[int]) -> None:
+        msg = np.empty(_HEAD + _ENTRY * len(entries), np.int64)
+        msg[0], msg[1] = self.token, kind
+        for i, (r, m) in enumerate(entries):
+            msg[_HEAD + _ENTRY * i:_HEAD + _ENTRY * (i + 1)] = (r, m[0], m[1], m[2], m[3])
+        self.entries += len(entries) * len(to)
+        self.sent.append(msg)
+        # one buffer for every destination: MPI only reads a send's buffer
+        self.sends += [self.comm.Isend([msg, MPI.INT64_T], r, NOTICE) for r in to]
+
+    def tell(self, now: bool = False) -> None:
+        """Send the neighbours one message with every rank heard of and not yet passed on
+        (unless the message rate says wait, and ``now`` does not override it)."""
+        if len(self.told) == len(self.heard) + 1:  # nothing new (own notice told first)
+            return
+        if not now and self.news >= self.at_once and time.monotonic() < self.next_at:
+            return
+        new = [(self.me, self.own)] if self.me not in self.told else []
+        new += [(r, m) for r, m in sorted(self.heard.items()) if r not in self.told]
+        self.told.update(r for r, _ in new)
+        self.news += 1
+        if self.news >= self.at_once:
+            self.next_at = time.monotonic() + self.every
+        self._send(_NEWS, new, self.to)
+
+    def step(self) -> bool:
+        """Take what has arrived, pass on what is new, answer and ask; ``True`` once every peer
+        is heard of."""
+        if self.comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
+            _take_notices(self.comm, self.heard, self.token, self.asked)
+        if self.asked - self.answered:
+            self._send(_NEWS, [(self.me, self.own)], sorted(self.asked - self.answered))
+            self.answered |= self.asked
+        done = all(r in self.heard for r in self.peers)
+        if not done and self.ask_at is not None and time.monotonic() >= self.ask_at:
+            self.ask_at = None
+            self._send(_ASK, [(self.me, self.own)], [r for r in self.peers if r not in self.heard])
+        self.tell(now=done)  # a rank that stops listening passes on all it knows first
+        return done
 
 
 def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited: float,
-             heard: dict[int, np.ndarray]) -> None:
-    comm = pg.comm
-    me = pg._rank
-    peers = [r for r in range(pg._size) if r != me]
+             heard: dict[int, np.ndarray], asked: set[int]) -> None:
     first = dict(heard)  # notices that arrived before this rank's own deadline
     notice = np.array([pg.seq, _call_id(call), GAVE_UP, int(waited * 1000), _token(pg)], np.int64)
-    sends = [comm.Isend([notice, MPI.INT64_T], r, NOTICE) for r in peers]
-    end = time.monotonic() + grace(limit)
-    token = _token(pg)
-    poll(lambda: _collect(comm, heard, peers, token), end)
-    _collect(comm, heard, peers, token)
-    for req in sends:
+    ex = _Notices(pg, heard, asked, notice, grace(limit))
+    ex.tell(now=True)
+    poll(ex.step, time.monotonic() + grace(limit))
+    ex.step()
+    ex.tell(now=True)
+    for req in ex.sends:
         req.Free()  # a peer that never listens never takes it: let MPI finish it alone
-    groups.break_group(pg, (keep, notice))
+    LAST_GIVE_UP.update(messages=len(ex.sends), entries=ex.entries)
+    groups.break_group(pg, (keep, notice, ex.sent))
     text = _report(pg, call, limit, waited, heard, first)
     for listener in list(GIVE_UP_LISTENERS.values()):
         listener(f"timeout: {text}")
     raise GroupTimeoutError(errors.message(call, text))
-
-
-def _collect(comm: MPI.Intracomm, heard: dict[int, np.ndarray], peers: list[int], token: int) -> bool:
-    if comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
-        _take_notices(comm, heard, token)
-    return all(r in heard for r in peers)
 
 
 def _limit(limit: float | None) -> str:

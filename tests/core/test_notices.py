@@ -1,0 +1,136 @@
+"""A give-up's notices: ceil(log2 n) neighbours a message, news passed on, silent ranks asked.
+
+The rank graph is checked against a breadth-first search here; the exchange itself runs under
+MPI with ranks that never enter the call, and every report is checked against the set of
+ranks that did.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from helpers import assert_all_ranks_ok, still_works
+
+from mpidist.core import groups, ranklists, timeouts
+
+LIMIT = 1.0
+END_BY = LIMIT + 15.0  # the deadline plus the grace period, with room for an oversubscribed machine
+
+
+def _hops(n: int, source: int, gone: frozenset[int] = frozenset()) -> dict[int, int]:
+    """Breadth-first search from ``source`` over r -> r + 2**j (mod n), avoiding ``gone``."""
+    seen, edge = {source: 0}, [source]
+    while edge:
+        nxt = []
+        for r in edge:
+            for j in range(n.bit_length()):
+                d = (r + 2 ** j) % n
+                if 2 ** j < n and d not in seen and d not in gone:
+                    seen[d] = seen[r] + 1
+                    nxt.append(d)
+        edge = nxt
+    return seen
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 100])
+def test_the_neighbours_reach_every_rank_within_log2_n_hops(n):
+    hops = math.ceil(math.log2(n)) if n > 1 else 0
+    for me in range(n):
+        to = timeouts.neighbours(me, n)
+        assert len(to) == len(set(to)) == hops and me not in to and all(0 <= r < n for r in to)
+        reach = _hops(n, me)
+        assert sorted(reach) == list(range(n)) and max(reach.values()) <= hops
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 9, 16, 33])
+def test_one_silent_rank_cuts_no_other_rank_off(n):
+    """A rank that never listens passes nothing on; every other pair still has a path."""
+    for silent in range(n):
+        for me in range(n):
+            if me != silent:
+                assert set(_hops(n, me, frozenset({silent}))) == set(range(n)) - {silent}
+
+
+def test_two_silent_ranks_can_cut_a_rank_off_which_is_why_ranks_ask():
+    """At 4 ranks with 2 and 3 silent, rank 1's news reaches rank 0 only by the direct ask."""
+    assert 0 not in _hops(4, 1, frozenset({2, 3}))
+
+
+def _silent_call(dist, rank, silent):
+    """Every rank but ``silent`` waits in an all_reduce on a short-timeout group: the report."""
+    g = dist.new_group(timeout=timedelta(seconds=LIMIT))
+    report, took, sent = None, 0.0, None
+    if rank not in silent:
+        t0 = time.monotonic()
+        with pytest.raises(dist.GroupTimeoutError) as info:
+            dist.all_reduce(np.ones(2), group=g)
+        took, report = time.monotonic() - t0, str(info.value)
+        sent = dict(timeouts.LAST_GIVE_UP)
+    return g, report, took, sent
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [1, 2, "half"])
+def test_every_waiting_rank_hears_of_exactly_the_ranks_that_waited(dist, rank, size, count):
+    """The report names as not heard from exactly the silent ranks, and every other one as
+    heard from, in its call; each rank's sends stay within the stated bound."""
+    k = max(1, size // 2) if count == "half" else count
+    if k >= size:
+        pytest.skip(f"{k} silent ranks need more than {size}")
+    silent = set(range(size - k, size))
+    g, report, took, sent = _silent_call(dist, rank, silent)
+    bad = []
+    if report is not None:
+        hosts = groups.registry.hosts
+        waited = sorted(set(range(size)) - silent - {rank})
+        if f"not heard from {'ranks' if k > 1 else 'rank'} {ranklists.by_host(silent, hosts)}:" \
+                not in report:
+            bad.append(f"silent ranks misnamed: {report}")
+        if waited and f"heard from {ranklists.plural(waited)} (all_reduce #1)" not in report:
+            bad.append(f"waiting ranks misnamed: {report}")
+        if not waited and "; heard from" in report:
+            bad.append(f"heard from a silent rank: {report}")
+        if not LIMIT - 0.1 <= took < END_BY:
+            bad.append(f"gave up after {took:.2f} s")
+        n, hops = size, math.ceil(math.log2(size))
+        bound = hops * min(n, hops + 12) + (n - 1 - len(waited)) + len(waited)
+        if not 1 <= sent["messages"] <= bound:
+            bad.append(f"sent {sent}, bound {bound}")
+    else:
+        bad += [] if rank in silent else ["no report"]
+    assert_all_ranks_ok(dist, bad)  # every rank fails together: none is left in a collective
+    still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_news_of_one_give_up_ends_every_waiting_rank(dist, rank, size):
+    """Only rank 0's deadline comes soon; the others' is far off, and rank 1 never enters the
+    call. From 4 ranks on, some waiting rank is not one of rank 0's neighbours (and rank 1, the
+    one that would pass it on first, is silent), so it can only learn of the give-up from news
+    another waiting rank passes on; every waiting rank gives up at once, long before its own
+    deadline."""
+    g = dist.new_group(timeout=timedelta(seconds=LIMIT))
+    silent, far = 1, 60.0
+    waiting = set(range(size)) - {0, silent}
+    if size >= 4:
+        assert waiting - set(timeouts.neighbours(0, size)), "the test would not need the news passed on"
+    if rank in waiting:
+        g.timeout = timedelta(seconds=far)  # this rank's own: the group agreed on LIMIT
+    bad = []
+    if rank != silent:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(np.ones(2), group=g)
+            bad.append("all_reduce returned")
+        except dist.GroupTimeoutError as exc:
+            took, report = time.monotonic() - t0, str(exc)
+            if f"not heard from rank {silent} (" not in report:
+                bad.append(f"silent rank misnamed: {report}")
+            if rank > 0 and not ("gave up on all_reduce #1" in report and took < END_BY < far):
+                bad.append(f"no news after {took:.2f} s: {report}")
+    assert_all_ranks_ok(dist, bad)
+    still_works(dist, size)
