@@ -12,7 +12,9 @@ stands for), ``new_group`` of every rank (``MPI_Comm_create_group``), ``new_subg
 (``MPI_Comm_split``), 8 B and 1 MiB ``all_reduce`` (``MPI_Allreduce``), ``all_gather_object``
 (mpi4py's ``allgather``), a timeout's give-up (the last rank stays away from a call on a group
 with a short timeout: the time until the others raise, the report's length and the notices each
-rank sends) and the resident memory before and after ``import mpidist``. Writes
+rank sends: forced direct, forced through neighbours, and which of the two
+``timeouts.DIRECT_UP_TO`` ships at that size) and the resident memory before and after
+``import mpidist``. Writes
 ``results/scale.{txt,json,png}`` (``scale_nodes.*`` across nodes) and states each cost's
 growth: the slope of log(time) against log(ranks), ~0 flat, 1 linear (on a machine with fewer
 cores than ranks every time grows with the ranks; compare the ratio to raw). mpidist's and
@@ -46,7 +48,6 @@ def rss_mib() -> float:
 
 
 def worker(rounds: int, target: float, timeout_s: float) -> None:
-    from datetime import timedelta
 
     import numpy as np
     from mpi4py import MPI
@@ -54,6 +55,7 @@ def worker(rounds: int, target: float, timeout_s: float) -> None:
     before = rss_mib()
     world = MPI.COMM_WORLD
     import mpidist as dist
+    from mpidist.core import timeouts
 
     def timed(md: Callable[[], object], raw: Callable[[], object], n: int = 5) -> list[float]:
         """Seconds per call of mpidist's and raw mpi4py's form, interleaved: medians of ``n`` rounds."""
@@ -84,8 +86,38 @@ def worker(rounds: int, target: float, timeout_s: float) -> None:
     obj = {"rank": world.rank, "name": "x" * 32}
     res["all_gather_object"] = timed(lambda: dist.all_gather_object([None] * world.size, obj),
                                      lambda: comm.allgather(obj), rounds)
+    direct_up_to, gave = timeouts.DIRECT_UP_TO, {}
+    for how, up_to in (("direct", world.size), ("neighbours", 0)):
+        timeouts.DIRECT_UP_TO = up_to  # the notices forced one way, then the other
+        gave[how] = give_up(dist, world, timeout_s)
+    timeouts.DIRECT_UP_TO = direct_up_to
+    after = world.allreduce(rss_mib(), op=MPI.MAX)
+    before = world.allreduce(before, op=MPI.MAX)
+    if world.rank == 0:
+        shipped = gave["direct" if world.size <= direct_up_to else "neighbours"]
+        print(json.dumps({"ranks": world.size, "costs": res, **shipped, "timeout_s": timeout_s,
+                          "notices_sent_direct": gave["direct"]["notices_sent_per_rank"],
+                          "notices_sent_neighbours": gave["neighbours"]["notices_sent_per_rank"],
+                          "give_up_s_neighbours": gave["neighbours"]["give_up_s"],
+                          "report_chars_neighbours": gave["neighbours"]["report_chars"], "gave": gave,
+                          "rss_mib": [after, before], "load": os.getloadavg()[0]}))
+    comm.Free()
+    dist.destroy_process_group()
+
+
+def give_up(dist, world, timeout_s: float) -> dict:
+    """The last rank stays away from an all_reduce on a group with a short timeout: the time
+    until the others raise (slowest), the longest report, the notices sent (most by one rank,
+    and the mean over the ranks that gave up)."""
+    from datetime import timedelta
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpidist.core import timeouts
+
     g = dist.new_group(timeout=timedelta(seconds=timeout_s))
-    report, took = "", 0.0
+    report, took, sent = "", 0.0, 0
     if world.rank != world.size - 1:
         t0 = time.perf_counter()
         try:
@@ -93,17 +125,14 @@ def worker(rounds: int, target: float, timeout_s: float) -> None:
         except dist.GroupTimeoutError as exc:
             report = str(exc)
         took = time.perf_counter() - t0
+        sent = timeouts.LAST_GIVE_UP["messages"]
     world.Barrier()
-    took = world.allreduce(took, op=MPI.MAX)
-    longest = world.allreduce(len(report), op=MPI.MAX)
-    after = world.allreduce(rss_mib(), op=MPI.MAX)
-    before = world.allreduce(before, op=MPI.MAX)
-    if world.rank == 0:
-        print(json.dumps({"ranks": world.size, "costs": res, "give_up_s": took, "timeout_s": timeout_s,
-                          "report_chars": longest, "notices_sent_per_rank": world.size - 1,
-                          "rss_mib": [after, before], "load": os.getloadavg()[0]}))
-    comm.Free()
-    dist.destroy_process_group()
+    reports = world.gather(report)
+    return {"give_up_s": world.allreduce(took, op=MPI.MAX),
+            "report_chars": world.allreduce(len(report), op=MPI.MAX),
+            "longest_report": max(reports or [""], key=len),
+            "notices_sent_per_rank": world.allreduce(sent, op=MPI.MAX),
+            "notices_sent_mean": world.allreduce(sent, op=MPI.SUM) / max(world.size - 1, 1)}
 
 
 def slope(ns: list[int], ts: list[float]) -> float:
@@ -129,7 +158,10 @@ def table(rows: list[dict]) -> str:
         ratios = [m / w for m, w in zip(md, raw)]
         grow = f"{slope(ns, md):.2f}; {slope(ns, ratios):.2f}" if len(ns) > 1 else "-"
         lines.append(f"{c:<33}  {cells}  {grow}")
-    for key, fmt in (("give_up_s", "{:.2f} s"), ("report_chars", "{}"), ("notices_sent_per_rank", "{}")):
+    for key, fmt in (("give_up_s", "{:.2f} s"), ("report_chars", "{}"), ("notices_sent_per_rank", "{}"),
+                     ("notices_sent_mean", "{:.1f}"), ("notices_sent_direct", "{}"),
+                     ("notices_sent_neighbours", "{}"), ("give_up_s_neighbours", "{:.2f} s"),
+                     ("report_chars_neighbours", "{}")):
         lines.append(f"{key:<33}  " + "  ".join(f"{fmt.format(r[key]):>16}" for r in rows))
     lines.append(f"{'RSS MiB (after / before import)':<33}  "
                  + "  ".join(f"{r['rss_mib'][0]:>8.0f}/{r['rss_mib'][1]:<7.0f}" for r in rows))

@@ -8,11 +8,13 @@ backing off, until they complete or the group's ``timeout`` passes.
 
 Past the deadline the rank gives up, and tells its peers: it sends a notice (its call, its
 sequence number on the group and "gave up") on the tag :mod:`mpidist.core.tags` reserves for
-it, then listens for a short grace period. A notice goes to the ``ceil(log2 n)`` ranks
-``r + 1, r + 2, r + 4, ...`` (mod n) of the group, not to all n - 1, and carries what its sender
-has heard of other ranks; each rank passes on, to the same neighbours, what it learns that it
-did not know, so every rank hears of every other one that gave up within ``ceil(log2 n)`` hops,
-along many paths: a rank that never answers cuts none of them short. A peer that is
+it, then listens for a short grace period. In a group of up to :data:`DIRECT_UP_TO` ranks the
+notice goes straight to every peer (n - 1 messages, one hop). In a larger one it goes to the
+``ceil(log2 n)`` ranks ``r + 1, r + 2, r + 4, ...`` (mod n) of the group and carries what its
+sender has heard of other ranks; each rank passes on, to the same neighbours, what it learns
+that it did not know, so every rank hears of every other one that gave up within
+``ceil(log2 n)`` hops, along many paths: a rank that never answers cuts none of them short,
+and the ranks still unheard of half-way through the grace period are asked directly. A peer that is
 waiting in a call on the same group sees the notice in its own polling loop, gives up too
 and sends its own notice, so every rank that waits raises within about the grace period of
 the first, and each names the ranks it did not hear of -- the ones that never reached a
@@ -53,6 +55,10 @@ _NEWS, _ASK = 0, 1
 #: ``entries`` (ranks' notices they carried, summed over the sends). ``benchmarks/scale.py``
 #: reports them.
 LAST_GIVE_UP: dict[str, int] = {"messages": 0, "entries": 0}
+#: Groups of up to this many ranks send a give-up's notice straight to every peer: n - 1
+#: messages and one hop. Larger ones use :func:`neighbours`, whose O(log² n) messages are the
+#: fewer only from about here on (``benchmarks/scale.py``: see docs/benchmarks.md).
+DIRECT_UP_TO = 64
 _yield = os.sched_yield
 #: Tests before the polling loop: a call on ranks that arrive together completes within a few
 #: microseconds, less than the loop costs to set up. They run in runs of
@@ -257,6 +263,10 @@ def neighbours(me: int, n: int) -> list[int]:
 class _Notices:
     """One rank's side of the give-up exchange: what it has heard, what it has passed on.
 
+    Up to :data:`DIRECT_UP_TO` ranks, the rank's own notice goes once to every peer and nothing
+    is passed on or asked: every peer that listens tells this rank itself (n - 1 messages).
+    Above it:
+
     - News goes to :func:`neighbours`: at once for the first ``len(neighbours) + 1`` messages
       (the waves in which it spreads), then at most once per eighth of the grace period, and
       whatever is left when the rank stops listening.
@@ -265,7 +275,7 @@ class _Notices:
       from a peer, that peer is still heard of, so a report names exactly the ranks that did
       not answer.
 
-    Messages a rank sends: at most ``L * min(n, L + 12)`` notices (``L = ceil(log2 n)``), plus
+    Messages a rank sends there: at most ``L * min(n, L + 12)`` notices (``L = ceil(log2 n)``), plus
     one ask per peer it had not heard of by then and one answer per peer that asked it --
     O(log² n) where a few ranks are silent, however many give up at however many moments.
     """
@@ -275,7 +285,8 @@ class _Notices:
         self.comm, self.token = pg.comm, int(own[4])
         self.me = pg._rank
         self.peers = [r for r in range(pg._size) if r != self.me]
-        self.to = neighbours(self.me, pg._size)
+        self.direct = pg._size <= DIRECT_UP_TO
+        self.to = self.peers if self.direct else neighbours(self.me, pg._size)
         self.heard, self.asked, self.answered = heard, asked, set()
         self.told: set[int] = set()  # ranks already passed on to the neighbours
         self.sends: list[MPI.Request] = []
@@ -286,7 +297,8 @@ class _Notices:
         self.news = 0  # messages of news sent (each to every neighbour)
         self.every = grace_s / 8
         self.next_at = 0.0
-        self.ask_at: float | None = time.monotonic() + grace_s / 2
+        # told directly, every listening peer has told this rank directly: nobody to ask
+        self.ask_at: float | None = None if self.direct else time.monotonic() + grace_s / 2
 
     def _send(self, kind: int, entries: list[tuple[int, np.ndarray]], to: list[int]) -> None:
         msg = np.empty(_HEAD + _ENTRY * len(entries), np.int64)
@@ -301,8 +313,8 @@ class _Notices:
     def tell(self, now: bool = False) -> None:
         """Send the neighbours one message with every rank heard of and not yet passed on
         (unless the message rate says wait, and ``now`` does not override it)."""
-        if len(self.told) == len(self.heard) + 1:  # nothing new (own notice told first)
-            return
+        if len(self.told) == len(self.heard) + 1 or (self.direct and self.told):
+            return  # nothing new (own notice told first), or every peer told directly
         if not now and self.news >= self.at_once and time.monotonic() < self.next_at:
             return
         new = [(self.me, self.own)] if self.me not in self.told else []

@@ -1,8 +1,9 @@
-"""A give-up's notices: ceil(log2 n) neighbours a message, news passed on, silent ranks asked.
+"""A give-up's notices: straight to every peer in small groups; in large ones to ceil(log2 n)
+neighbours a message, news passed on, silent ranks asked.
 
 The rank graph is checked against a breadth-first search here; the exchange itself runs under
-MPI with ranks that never enter the call, and every report is checked against the set of
-ranks that did.
+MPI, in both modes (the neighbours' forced on small groups by ``DIRECT_UP_TO = 0``), with ranks
+that never enter the call, and every report is checked against the set of ranks that did.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def test_two_silent_ranks_can_cut_a_rank_off_which_is_why_ranks_ask():
     assert 0 not in _hops(4, 1, frozenset({2, 3}))
 
 
+@pytest.fixture(params=["direct", "neighbours"])
+def mode(request, monkeypatch):
+    """How notices travel; every rank runs the same parameter, so all agree on it."""
+    if request.param == "neighbours":
+        monkeypatch.setattr(timeouts, "DIRECT_UP_TO", 0)
+    return request.param
+
+
 def _silent_call(dist, rank, silent):
     """Every rank but ``silent`` waits in an all_reduce on a short-timeout group: the report."""
     g = dist.new_group(timeout=timedelta(seconds=LIMIT))
@@ -75,9 +84,10 @@ def _silent_call(dist, rank, silent):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("count", [1, 2, "half"])
-def test_every_waiting_rank_hears_of_exactly_the_ranks_that_waited(dist, rank, size, count):
+def test_every_waiting_rank_hears_of_exactly_the_ranks_that_waited(dist, rank, size, count, mode):
     """The report names as not heard from exactly the silent ranks, and every other one as
-    heard from, in its call; each rank's sends stay within the stated bound."""
+    heard from, in its call; each rank sends n - 1 messages when direct, and within the stated
+    bound through neighbours."""
     k = max(1, size // 2) if count == "half" else count
     if k >= size:
         pytest.skip(f"{k} silent ranks need more than {size}")
@@ -98,7 +108,9 @@ def test_every_waiting_rank_hears_of_exactly_the_ranks_that_waited(dist, rank, s
             bad.append(f"gave up after {took:.2f} s")
         n, hops = size, math.ceil(math.log2(size))
         bound = hops * min(n, hops + 12) + (n - 1 - len(waited)) + len(waited)
-        if not 1 <= sent["messages"] <= bound:
+        if mode == "direct" and sent["messages"] != n - 1:
+            bad.append(f"sent {sent} directly, not {n - 1}")
+        if mode == "neighbours" and not 1 <= sent["messages"] <= bound:
             bad.append(f"sent {sent}, bound {bound}")
     else:
         bad += [] if rank in silent else ["no report"]
@@ -107,16 +119,16 @@ def test_every_waiting_rank_hears_of_exactly_the_ranks_that_waited(dist, rank, s
 
 
 @pytest.mark.mpi(min_size=3)
-def test_news_of_one_give_up_ends_every_waiting_rank(dist, rank, size):
+def test_news_of_one_give_up_ends_every_waiting_rank(dist, rank, size, mode):
     """Only rank 0's deadline comes soon; the others' is far off, and rank 1 never enters the
-    call. From 4 ranks on, some waiting rank is not one of rank 0's neighbours (and rank 1, the
-    one that would pass it on first, is silent), so it can only learn of the give-up from news
-    another waiting rank passes on; every waiting rank gives up at once, long before its own
-    deadline."""
+    call. Through neighbours, from 4 ranks on, some waiting rank is not one of rank 0's (and
+    rank 1, the one that would pass it on first, is silent), so it can only learn of the give-up
+    from news another waiting rank passes on; every waiting rank gives up at once, long before
+    its own deadline."""
     g = dist.new_group(timeout=timedelta(seconds=LIMIT))
     silent, far = 1, 60.0
     waiting = set(range(size)) - {0, silent}
-    if size >= 4:
+    if size >= 4 and mode == "neighbours":
         assert waiting - set(timeouts.neighbours(0, size)), "the test would not need the news passed on"
     if rank in waiting:
         g.timeout = timedelta(seconds=far)  # this rank's own: the group agreed on LIMIT
