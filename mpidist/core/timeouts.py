@@ -17,7 +17,8 @@ that it did not know, so every rank hears of every other one that gave up within
 and the ranks still unheard of half-way through the grace period are asked directly. A peer that is
 waiting in a call on the same group sees the notice in its own polling loop, gives up too
 and sends its own notice, so every rank that waits raises within about the grace period of
-the first, and each names the ranks it did not hear of -- the ones that never reached a
+the first (a rank listens on while news new to it still comes, up to :data:`MOST_GRACES`
+grace periods), and each names the ranks it did not hear of -- the ones that never reached a
 call on the group, or that cannot be reached -- with their hosts. The group is then broken:
 its communicator is set aside (an abandoned collective cannot be cancelled) and every later
 call on it raises at once. The world and other groups keep working.
@@ -59,6 +60,10 @@ LAST_GIVE_UP: dict[str, int] = {"messages": 0, "entries": 0}
 #: messages and one hop. Larger ones use :func:`neighbours`, whose O(log² n) messages are the
 #: fewer only from about here on (``benchmarks/scale.py``: see docs/benchmarks.md).
 DIRECT_UP_TO = 64
+#: A rank that gave up listens for one grace period after the last news new to it, so ranks that
+#: are slow to be scheduled (many ranks per core) are still heard of, but no longer than this many
+#: grace periods in all: where every rank is heard of at once, the grace period alone.
+MOST_GRACES = 4
 _yield = os.sched_yield
 #: Tests before the polling loop: a call on ranks that arrive together completes within a few
 #: microseconds, less than the loop costs to set up. They run in runs of
@@ -297,8 +302,11 @@ class _Notices:
         self.news = 0  # messages of news sent (each to every neighbour)
         self.every = grace_s / 8
         self.next_at = 0.0
+        now = time.monotonic()
+        self.grace, self.most = grace_s, now + MOST_GRACES * grace_s
+        self.until = now + grace_s  # moved on by news new to this rank, up to ``most``
         # told directly, every listening peer has told this rank directly: nobody to ask
-        self.ask_at: float | None = None if self.direct else time.monotonic() + grace_s / 2
+        self.ask_at: float | None = None if self.direct else now + grace_s / 2
 
     def _send(self, kind: int, entries: list[tuple[int, np.ndarray]], to: list[int]) -> None:
         msg = np.empty(_HEAD + _ENTRY * len(entries), np.int64)
@@ -327,18 +335,25 @@ class _Notices:
 
     def step(self) -> bool:
         """Take what has arrived, pass on what is new, answer and ask; ``True`` once every peer
-        is heard of."""
-        if self.comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
-            _take_notices(self.comm, self.heard, self.token, self.asked)
+        is heard of, or the listening is over (:data:`MOST_GRACES`)."""
+        now = time.monotonic()
+        if self.comm.Iprobe(MPI.ANY_SOURCE, NOTICE) and _take_notices(
+                self.comm, self.heard, self.token, self.asked):
+            # news still coming: its senders' peers may be slow, not gone; listen (and hold the
+            # asks) a while longer
+            self.until = min(self.most, now + self.grace)
+            if self.ask_at is not None:
+                self.ask_at = max(self.ask_at, min(now, self.most - self.grace) + self.grace / 2)
         if self.asked - self.answered:
             self._send(_NEWS, [(self.me, self.own)], sorted(self.asked - self.answered))
             self.answered |= self.asked
         done = all(r in self.heard for r in self.peers)
-        if not done and self.ask_at is not None and time.monotonic() >= self.ask_at:
+        if not done and self.ask_at is not None and now >= self.ask_at:
             self.ask_at = None
             self._send(_ASK, [(self.me, self.own)], [r for r in self.peers if r not in self.heard])
-        self.tell(now=done)  # a rank that stops listening passes on all it knows first
-        return done
+        over = done or now >= self.until
+        self.tell(now=over)  # a rank that stops listening passes on all it knows first
+        return over
 
 
 def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited: float,
@@ -347,7 +362,7 @@ def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited
     notice = np.array([pg.seq, _call_id(call), GAVE_UP, int(waited * 1000), _token(pg)], np.int64)
     ex = _Notices(pg, heard, asked, notice, grace(limit))
     ex.tell(now=True)
-    poll(ex.step, time.monotonic() + grace(limit))
+    poll(ex.step, ex.most)
     ex.step()
     ex.tell(now=True)
     for req in ex.sends:

@@ -146,3 +146,35 @@ def test_news_of_one_give_up_ends_every_waiting_rank(dist, rank, size, mode):
                 bad.append(f"no news after {took:.2f} s: {report}")
     assert_all_ranks_ok(dist, bad)
     still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_ranks_that_give_up_one_after_another_are_all_heard_of(dist, rank, size, mode, monkeypatch):
+    """Ranks slow to be scheduled give up one after another, each within a grace period of
+    the one before, the last more than a grace period after rank 0: rank 0 keeps listening
+    while news comes, so every report names only the rank that never entered the call."""
+    g_s = 1.0
+    monkeypatch.setattr(timeouts, "grace", lambda limit: g_s)
+    silent = size - 1
+    step = 1.2 * g_s / (size - 2)  # the last waiting rank: 1.2 grace periods after rank 0
+    assert step < g_s
+    g = dist.new_group(timeout=timedelta(seconds=LIMIT))
+    dist.barrier()
+    bad = []
+    if rank != silent:
+        time.sleep(0 if rank == 0 else LIMIT + rank * step)
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(np.ones(2), group=g)
+            bad.append("all_reduce returned")
+        except dist.GroupTimeoutError as exc:
+            took, report = time.monotonic() - t0, str(exc)
+            waited = sorted(set(range(size)) - {silent, rank})
+            if f"not heard from rank {silent} (" not in report:
+                bad.append(f"silent rank misnamed: {report}")
+            if f"heard from {ranklists.plural(waited)} (all_reduce #1)" not in report:
+                bad.append(f"a rank that waited is missing: {report}")
+            if rank == 0 and not took < LIMIT + timeouts.MOST_GRACES * g_s + 1.0:
+                bad.append(f"listened until {took:.2f} s")
+    assert_all_ranks_ok(dist, bad)
+    still_works(dist, size)
