@@ -113,9 +113,13 @@ def enable(on: bool = True) -> str:
     if abi is None:
         why_not = "the MPI library's handle ABI is neither MPICH's nor Open MPI's"
         return why_not
-    module.setup(*at, abi == "openmpi", -1 if abi == "mpich" else 1, MPI.Exception,
-                 timeouts.QUICK_TESTS, waiting.TESTS_PER_YIELD, waiting.CLOCK_EVERY,
-                 waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN)
+    try:
+        module.setup(*at, abi == "openmpi", -1 if abi == "mpich" else 1, MPI.Exception,
+                     timeouts.QUICK_TESTS, waiting.TESTS_PER_YIELD, waiting.CLOCK_EVERY,
+                     waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN)
+    except TypeError as exc:  # an in-place build older than this file: run without it
+        why_not = f"the built C module does not match this mpidist (rebuild it: {exc})"
+        return why_not
     allreduce, bcast, barrier = module.allreduce, module.bcast, module.barrier
     signature.IN_C = (allreduce, MPI._handleof(MPI.INT64_T), MPI._handleof(MPI.MAX))
     try:
