@@ -64,6 +64,9 @@ DIRECT_UP_TO = 64
 #: are slow to be scheduled (many ranks per core) are still heard of, but no longer than this many
 #: grace periods in all: where every rank is heard of at once, the grace period alone.
 MOST_GRACES = 4
+#: News messages a rank sends, after its first waves, at most once per eighth of the grace
+#: period; anything newer waits for its last message, so listening on does not add messages.
+LATE_NEWS = 8
 _yield = os.sched_yield
 #: Tests before the polling loop: a call on ranks that arrive together completes within a few
 #: microseconds, less than the loop costs to set up. They run in runs of
@@ -273,8 +276,8 @@ class _Notices:
     Above it:
 
     - News goes to :func:`neighbours`: at once for the first ``len(neighbours) + 1`` messages
-      (the waves in which it spreads), then at most once per eighth of the grace period, and
-      whatever is left when the rank stops listening.
+      (the waves in which it spreads), then at most once per eighth of the grace period, at most
+      :data:`LATE_NEWS` times, and whatever is left when the rank stops listening.
     - Half-way through the grace period the rank asks each peer it has not heard of, directly;
       a peer that is listening answers with its own notice. Where silent ranks cut every path
       from a peer, that peer is still heard of, so a report names exactly the ranks that did
@@ -323,8 +326,9 @@ class _Notices:
         (unless the message rate says wait, and ``now`` does not override it)."""
         if len(self.told) == len(self.heard) + 1 or (self.direct and self.told):
             return  # nothing new (own notice told first), or every peer told directly
-        if not now and self.news >= self.at_once and time.monotonic() < self.next_at:
-            return
+        if not now and self.news >= self.at_once and (
+                time.monotonic() < self.next_at or self.news >= self.at_once + LATE_NEWS):
+            return  # the rest waits for the last message, however long the rank listens on
         new = [(self.me, self.own)] if self.me not in self.told else []
         new += [(r, m) for r, m in sorted(self.heard.items()) if r not in self.told]
         self.told.update(r for r, _ in new)
