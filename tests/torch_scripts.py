@@ -29,7 +29,7 @@ FINAL = re.compile(r"^final: (.*)$", re.MULTILINE)
 # Variables a launcher or an earlier job may have left; every job here starts without them.
 _LEFTOVERS = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "SLURM_", "RANK",
               "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_", "TORCHELASTIC_",
-              "TORCH_NCCL_ASYNC", "OMP_NUM_THREADS", "MPIDIST_ABORT_ON_ERROR")
+              "TORCH_NCCL_ASYNC", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MPIDIST_ABORT_ON_ERROR")
 #: torchrun's values that differ by design (see mpidist/start/torchrun_env.py).
 _DIFFER = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}
 

@@ -25,6 +25,10 @@ What is set, against what ``torchrun --nproc-per-node N`` sets:
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING``       ``1`` unless set, as torchrun
 ``OMP_NUM_THREADS``                       ``1`` when a node has several ranks, unless set,
                                           as torchrun
+``OMP_WAIT_POLICY``                       ``PASSIVE`` where the node's ranks times their
+                                          threads exceed its cores, no policy is set and
+                                          torch is not imported yet (it reads the policy
+                                          once; :mod:`mpidist.start.threads`)
 ========================================  ==============================================
 
 Not set: ``TORCHELASTIC_ERROR_FILE`` and ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (they talk to
@@ -39,12 +43,14 @@ import os
 import random
 import socket
 import struct
+import sys
 import time
 import uuid
 
 from mpi4py import MPI
 
 from ..core import errors
+from . import threads
 from .launcher import node_layout
 
 CALL = "mpidist.run"
@@ -254,6 +260,12 @@ def torchrun_environment(comm: MPI.Intracomm | None = None, call: str = CALL) ->
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if "OMP_NUM_THREADS" in os.environ or env["LOCAL_WORLD_SIZE"] != "1":
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    policy = threads.wait_policy(int(env["LOCAL_WORLD_SIZE"]),
+                                 threads.threads_of(env.get("OMP_NUM_THREADS")) or threads.usable_cores())
+    # more threads than cores: OpenMP's spins would take them. Read when torch loads OpenMP, so
+    # only before that; later the torch backend's warning says what to do
+    if policy is not None and "torch" not in sys.modules:
+        env["OMP_WAIT_POLICY"] = policy
     return env
 
 

@@ -16,6 +16,7 @@ blocking call was measured faster.
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -29,7 +30,7 @@ from ..checks import debug, failure
 from ..core import errors, faults, groups
 from ..core.groups import ProcessGroup as MpiGroup
 from ..core.waiting import seconds
-from ..start import shrink
+from ..start import shrink, threads
 from ..start import world as mworld
 from . import overlap, profiling
 from . import work as twork
@@ -328,6 +329,18 @@ def _world(opts: Any) -> MpiGroup:
     return w
 
 
+def warn_if_oversubscribed(pg: MpiGroup) -> str | None:
+    """Warn once, on the first rank of each node, where the node's ranks run more torch threads
+    than it has cores with OpenMP's spinning wait (:mod:`mpidist.start.threads`); the text or ``None``."""
+    hosts = groups.registry.hosts
+    mine = hosts[pg.ranks[pg._rank]] if hosts else None
+    local = [r for r in pg.ranks if hosts[r] == mine] if hosts else [pg.ranks[pg._rank]]
+    text = threads.advice(len(local), torch.get_num_threads(), "OpenMP" in torch.__config__.parallel_info())
+    if text is not None and pg.ranks[pg._rank] == min(local):
+        warnings.warn(f"mpidist: {text}", RuntimeWarning, stacklevel=2)
+    return text
+
+
 def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
     """The creator torch calls (``extended_api=True``), on members only."""
     timeout = opts.timeout if isinstance(opts.timeout, timedelta) else None
@@ -337,6 +350,7 @@ def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
         debug.set_debug_level_from_torch_env()
         pg = groups.duplicate(_world(opts), name, desc, timeout)
         failure.install_for_torch()
+        warn_if_oversubscribed(pg)
     else:
         w = groups.world("new_group")
         pg = groups.create(w, [w._to_group[r] for r in ranks], desc, timeout, name)
