@@ -82,6 +82,21 @@ def _silent_call(dist, rank, silent):
     return g, report, took, sent
 
 
+def _gives_up(dist, g, silent: int, bad: list[str]) -> tuple[float, str] | None:
+    """An all_reduce on ``g`` that must time out: (seconds it took, its report), the silent
+    rank checked to be named; ``None`` (and a complaint in ``bad``) if it returned."""
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(2), group=g)
+    except dist.GroupTimeoutError as exc:
+        report = str(exc)
+        if f"not heard from rank {silent} (" not in report:
+            bad.append(f"silent rank misnamed: {report}")
+        return time.monotonic() - t0, report
+    bad.append("all_reduce returned")
+    return None
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("count", [1, 2, "half"])
 def test_every_waiting_rank_hears_of_exactly_the_ranks_that_waited(dist, rank, size, count, mode):
@@ -132,17 +147,10 @@ def test_news_of_one_give_up_ends_every_waiting_rank(dist, rank, size, mode):
         assert waiting - set(timeouts.neighbours(0, size)), "the test would not need the news passed on"
     if rank in waiting:
         g.timeout = timedelta(seconds=far)  # this rank's own: the group agreed on LIMIT
-    bad = []
-    if rank != silent:
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(np.ones(2), group=g)
-            bad.append("all_reduce returned")
-        except dist.GroupTimeoutError as exc:
-            took, report = time.monotonic() - t0, str(exc)
-            if f"not heard from rank {silent} (" not in report:
-                bad.append(f"silent rank misnamed: {report}")
-            if rank > 0 and not ("gave up on all_reduce #1" in report and took < END_BY < far):
+    bad: list[str] = []
+    if rank != silent and (got := _gives_up(dist, g, silent, bad)):
+        took, report = got
+        if rank > 0 and not ("gave up on all_reduce #1" in report and took < END_BY < far):
                 bad.append(f"no news after {took:.2f} s: {report}")
     assert_all_ranks_ok(dist, bad)
     still_works(dist, size)
@@ -160,21 +168,15 @@ def test_ranks_that_give_up_one_after_another_are_all_heard_of(dist, rank, size,
     assert step < g_s
     g = dist.new_group(timeout=timedelta(seconds=LIMIT))
     dist.barrier()
-    bad = []
+    bad: list[str] = []
     if rank != silent:
         time.sleep(0 if rank == 0 else LIMIT + rank * step)
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(np.ones(2), group=g)
-            bad.append("all_reduce returned")
-        except dist.GroupTimeoutError as exc:
-            took, report = time.monotonic() - t0, str(exc)
-            waited = sorted(set(range(size)) - {silent, rank})
-            if f"not heard from rank {silent} (" not in report:
-                bad.append(f"silent rank misnamed: {report}")
-            if f"heard from {ranklists.plural(waited)} (all_reduce #1)" not in report:
-                bad.append(f"a rank that waited is missing: {report}")
-            if rank == 0 and not took < LIMIT + timeouts.MOST_GRACES * g_s + 1.0:
-                bad.append(f"listened until {took:.2f} s")
+    if rank != silent and (got := _gives_up(dist, g, silent, bad)):
+        took, report = got
+        waited = sorted(set(range(size)) - {silent, rank})
+        if f"heard from {ranklists.plural(waited)} (all_reduce #1)" not in report:
+            bad.append(f"a rank that waited is missing: {report}")
+        if rank == 0 and not took < LIMIT + timeouts.MOST_GRACES * g_s + 1.0:
+            bad.append(f"listened until {took:.2f} s")
     assert_all_ranks_ok(dist, bad)
     still_works(dist, size)
