@@ -44,41 +44,31 @@ from .groups import ProcessGroup
 from .tags import NOTICE
 from .waiting import SPIN, TESTS_PER_YIELD, Backoff, nbytes_of, poll, seconds, spin_for, spin_on
 
-#: What a notice says of its sender: it gave up waiting, or it answers one that did.
-GAVE_UP, WAITING = 1, 2
+GAVE_UP, WAITING = 1, 2  # what a notice says of its sender: it gave up, or it answers one that did
 _NOTICE_LEN = 5  # sequence number, call id, state, seconds waited (milliseconds), group token
-#: A notice message: the group token and its kind (news, or an ask for the receiver's own
-#: notice), then one entry per rank it tells of (group rank, then the first four fields of
-#: :data:`_NOTICE_LEN`).
+#: A notice message: the group token and its kind (news, or an ask for the receiver's notice),
+#: then one entry per rank it tells of (group rank, then the first four fields of the notice).
 _HEAD, _ENTRY = 2, 5
 _NEWS, _ASK = 0, 1
-#: What the last give-up of this process sent: ``messages`` (point-to-point sends) and
-#: ``entries`` (ranks' notices they carried, summed over the sends). ``benchmarks/scale.py``
-#: reports them.
+#: What the last give-up of this process sent: ``messages`` (point-to-point sends) and ``entries``
+#: (ranks' notices they carried, summed over the sends), for ``benchmarks/scale.py``.
 LAST_GIVE_UP: dict[str, int] = {"messages": 0, "entries": 0}
-#: Groups of up to this many ranks send a give-up's notice straight to every peer: n - 1
-#: messages and one hop. Larger ones use :func:`neighbours`, whose O(log² n) messages are the
-#: fewer only from about here on (``benchmarks/scale.py``: see docs/benchmarks.md).
+#: Groups of up to this many ranks send a give-up's notice straight to every peer (n - 1 messages);
+#: larger ones use :func:`neighbours`, whose O(log² n) are the fewer from about here (docs/benchmarks.md).
 DIRECT_UP_TO = 64
-#: A rank that gave up listens for one grace period after the last news new to it, so ranks that
-#: are slow to be scheduled (many ranks per core) are still heard of, but no longer than this many
-#: grace periods in all: where every rank is heard of at once, the grace period alone.
+#: A rank that gave up listens until a grace period after the last news new to it (ranks slow to be
+#: scheduled are still heard of), at most this many grace periods in all.
 MOST_GRACES = 4
-#: News messages a rank sends, after its first waves, at most once per eighth of the grace
-#: period; anything newer waits for its last message, so listening on does not add messages.
+#: Rate-limited news messages after the first waves; later news waits for the last message.
 LATE_NEWS = 8
 _yield = os.sched_yield
-#: Tests before the polling loop: a call on ranks that arrive together completes within a few
-#: microseconds, less than the loop costs to set up. They run in runs of
-#: :data:`~mpidist.core.waiting.TESTS_PER_YIELD`, each run followed by ``sched_yield``, which lets
-#: a peer that shares this core (or torch's threads) run, as ``MPI_Wait`` does between its polls
-#: (docs/benchmarks.md, "Where ranks share cores").
+#: Tests before the polling loop (a call on ranks that arrive together completes within microseconds),
+#: in runs of :data:`~mpidist.core.waiting.TESTS_PER_YIELD`, each followed by ``sched_yield`` so that a
+#: peer sharing this core runs, as ``MPI_Wait`` does (docs/benchmarks.md, "Where ranks share cores").
 QUICK_TESTS = 32
 
-
-#: Called with the report each time a wait gives up, by owner: the flight recorder
-#: (:mod:`mpidist.checks.flight`) writes its ring there. A check registers itself here, so
-#: that this module needs nothing above the core.
+#: Called with the report each time a wait gives up, by owner (the flight recorder writes its ring
+#: there); checks register themselves, so that this module needs nothing above the core.
 GIVE_UP_LISTENERS: dict[str, Callable[[str], Any]] = {}
 
 
