@@ -19,7 +19,8 @@
  * allreduce(buf, datatype, extent, op, comm), bcast(buf, datatype, extent, root, comm, writable),
  * barrier(comm) -> None (done) | int (the pending request) | NotImplemented (a count over
  * INT_MAX: the caller takes mpi4py's large-count path). An MPI error raises the exception class
- * given to setup() with the error code.
+ * given to setup() with the error code. Each takes the group's bell mask as an optional last
+ * argument (the node's bell, below and mpidist/core/bell.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,6 +29,11 @@
 #include <sched.h>
 #include <stdint.h>
 #include <time.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 typedef int (*iallreduce_int_t)(const void *, void *, int, int, int, int, int *);
 typedef int (*ibcast_int_t)(void *, int, int, int, int, int *);
@@ -43,7 +49,7 @@ static int pointer_handles;          /* 0: MPICH's int handles; 1: Open MPI's po
 static void *in_place;
 static PyObject *mpi_exception;
 static int quick_tests = 32, tests_per_yield = 4, clock_every = 4;
-static double spin_least = 0.003, spin_per_byte = 1 / 256e6, spin_most = 0.01;
+static double spin_least = 0.003, spin_per_byte = 1 / 256e6, spin_most = 0.01, spin_alone = 0.0;
 
 /* Room for any MPI_Status (MPICH: 20 bytes, Open MPI: 24, the standard ABI: 32). MPI_Test
  * writes it on completion; a real status instead of MPI_STATUS_IGNORE, whose value differs
@@ -68,9 +74,54 @@ static int test(request_t *r, int *flag, status_t *st) {
     return ((test_int_t)f_test)(&r->ireq, flag, st);
 }
 
+
+/* ---- The node's bell (mpidist/core/bell.py): a page of shared memory that every rank of the node
+ * maps. Word 0 is a futex that a rank rings when it starts a call and some rank of the node sleeps
+ * on it (word 1 counts the sleepers); then one cache line per local rank, whose first word counts
+ * the waits that rank's threads are in. A wait whose group lies on one node spins only while
+ * every member is in a wait (a member still computing rings the bell when it arrives, so spinning
+ * for it would only take the core it needs), and otherwise sleeps on the futex, in the kernel as
+ * gloo's waits do, until a ring or its pause's end. Everything here is a hint: a lost ring costs
+ * one pause, never a wrong result. */
+#define BELL_LINE 16 /* uint32 words per cache line */
+static uint32_t *bell_words;
+static int bell_me;
+
+static inline uint32_t *bell_slot(int i) { return bell_words + (size_t)(i + 1) * BELL_LINE; }
+
+static void bell_ring(void) {
+    uint32_t *b = bell_words;
+    if (b != NULL && __atomic_load_n(&b[1], __ATOMIC_SEQ_CST) != 0) {
+        __atomic_add_fetch(&b[0], 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+        syscall(SYS_futex, &b[0], FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#endif
+    }
+}
+
+/* this process starts (+1) or ends (-1) a wait; starting one rings the bell */
+static void bell_enter(int delta) {
+    if (bell_words == NULL)
+        return;
+    __atomic_add_fetch(bell_slot(bell_me), (uint32_t)delta, __ATOMIC_SEQ_CST);
+    if (delta > 0)
+        bell_ring();
+}
+
+/* every local rank in mask is in a wait (mask 0: the group is not on one node: spin as ever) */
+static int bell_all_in(unsigned long long mask) {
+    if (bell_words == NULL || mask == 0)
+        return 1;
+    for (int i = 0; mask != 0; i++, mask >>= 1)
+        if ((mask & 1) && __atomic_load_n(bell_slot(i), __ATOMIC_SEQ_CST) == 0)
+            return 0;
+    return 1;
+}
+
 /* Tests in runs of tests_per_yield, a sched_yield after each run, until done (1), an MPI error
- * (*err set, 1), or: rounds runs when until is 0, else until the clock passes it (0). */
-static int spin(request_t *r, int rounds, double until, int *err) {
+ * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until while
+ * every member of the bell mask is in a wait, or passes alone while one is not. */
+static int spin(request_t *r, int rounds, double alone, double until, unsigned long long mask, int *err) {
     status_t st;
     int flag = 0;
     for (int i = 0; until > 0 || i < rounds; i++) {
@@ -79,8 +130,11 @@ static int spin(request_t *r, int rounds, double until, int *err) {
                 return 1;
         }
         sched_yield();
-        if (until > 0 && (i + 1) % clock_every == 0 && now() >= until)
-            return 0;
+        if (until > 0 && (i + 1) % clock_every == 0) {
+            double t = now();
+            if (t >= until || (t >= alone && !bell_all_in(mask)))
+                return 0;
+        }
     }
     return 0;
 }
@@ -95,22 +149,33 @@ static PyObject *raise_mpi(int err) {
 }
 
 /* The rest of a started call: test once; then, the GIL released, the quick tests and the spin.
- * None when done, else the pending request's handle. */
-static PyObject *finish(request_t *r, int err, double bytes) {
+ * None when done, else the pending request's handle. With a bell mask (the group's members on
+ * this node, mpidist/core/bell.py) the call rings the bell, counts as a wait while it is one, and
+ * spins only while every member is in a wait; a handle returned is still counted as a wait, which
+ * the bounded wait in Python ends. */
+static PyObject *finish(request_t *r, int err, double bytes, unsigned long long mask) {
     if (err != 0)
         return raise_mpi(err);
     status_t st;
     int flag = 0;
+    if (mask)
+        bell_ring();
     if ((err = test(r, &flag, &st)) != 0)
         return raise_mpi(err);
     if (!flag) {
-        int done;
+        int done, entered = 0;
         Py_BEGIN_ALLOW_THREADS
-        done = spin(r, quick_tests / tests_per_yield, 0.0, &err);
-        if (!done) {
-            double s = spin_least + bytes * spin_per_byte;
-            done = spin(r, 0, now() + (s < spin_most ? s : spin_most), &err);
+        done = spin(r, quick_tests / tests_per_yield, 0.0, 0.0, 0, &err);
+        if (!done && mask && bell_words != NULL) {
+            bell_enter(1);
+            entered = 1;
         }
+        if (!done) {
+            double s = spin_least + bytes * spin_per_byte, t = now();
+            done = spin(r, 0, t + spin_alone, t + (s < spin_most ? s : spin_most), mask, &err);
+        }
+        if ((done || err != 0) && entered)
+            bell_enter(-1);
         flag = done && err == 0;
         Py_END_ALLOW_THREADS
         if (err != 0)
@@ -125,6 +190,11 @@ static PyObject *finish(request_t *r, int err, double bytes) {
 
 /* mpi4py gives an int handle sign-extended to 64 bits, unsigned: the low bits are the handle */
 static unsigned long long handle_of(PyObject *o) { return PyLong_AsUnsignedLongLongMask(o); }
+
+/* the optional last argument of allreduce, bcast and barrier: the group's bell mask (0 if absent) */
+static unsigned long long mask_arg(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want) {
+    return nargs > want ? PyLong_AsUnsignedLongLongMask(args[want]) : 0;
+}
 
 /* The element count of a buffer: 0, or -1 with an exception set, or 1 for a count past INT_MAX;
  * the view is released unless 0. */
@@ -175,8 +245,9 @@ static int ready(const char *name, void *routine, Py_ssize_t nargs, Py_ssize_t w
         PyErr_Format(PyExc_RuntimeError, "mpidist.calls._native.%s: setup() was not called", name);
         return 0;
     }
-    if (nargs != want) {
-        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, want, nargs);
+    if (nargs != want && nargs != want + 1) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, and a bell mask (%zd given)", name, want,
+                     nargs);
         return 0;
     }
     return 1;
@@ -186,7 +257,8 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     (void)self;
     if (!ready("allreduce(buf, datatype, extent, op, comm)", f_iallreduce, nargs, 5))
         return NULL;
-    unsigned long long dtype = handle_of(args[1]), op = handle_of(args[3]), comm = handle_of(args[4]);
+    unsigned long long dtype = handle_of(args[1]), op = handle_of(args[3]), comm = handle_of(args[4]),
+                       mask = mask_arg(args, nargs, 5);
     if (PyErr_Occurred())
         return NULL;
     Py_buffer view;
@@ -197,7 +269,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int err = start_allreduce(view.buf, count, dtype, op, comm, &r);
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
-    return finish(&r, err, bytes);
+    return finish(&r, err, bytes, mask);
 }
 
 /* ---- all_reduce's whole common case: what mpidist.calls.collectives.all_reduce checks in Python
@@ -209,7 +281,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyTypeObject *t_ndarray, *t_op, *t_group, *t_record, *t_dtype, *t_plan;
 static PyObject *as_is, *call_name, *s_dtype, *last_sig, *check_fn;
 static Py_ssize_t op_name, op_factor, op_plans;
-static Py_ssize_t g_comm, g_size, g_persistent, g_handle, g_seq, g_signatures;
+static Py_ssize_t g_comm, g_size, g_persistent, g_handle, g_seq, g_signatures, g_bell;
 static Py_ssize_t r_n, r_sigs, r_seen, r_due;
 static Py_ssize_t d_name, d_kind, d_handle, d_extent, p_average, p_factor, p_lowprec, p_handle;
 
@@ -269,7 +341,8 @@ static PyObject *bind(PyObject *self, PyObject *args) {
         || (op_plans = slot_of(t_op, "plans")) < 0 || (g_comm = slot_of(t_group, "comm")) < 0
         || (g_size = slot_of(t_group, "_size")) < 0 || (g_persistent = slot_of(t_group, "persistent")) < 0
         || (g_handle = slot_of(t_group, "handle")) < 0 || (g_seq = slot_of(t_group, "seq")) < 0
-        || (g_signatures = slot_of(t_group, "signatures")) < 0 || (r_n = slot_of(t_record, "n")) < 0
+        || (g_signatures = slot_of(t_group, "signatures")) < 0 || (g_bell = slot_of(t_group, "bell")) < 0
+        || (r_n = slot_of(t_record, "n")) < 0
         || (r_sigs = slot_of(t_record, "sigs")) < 0 || (r_seen = slot_of(t_record, "seen")) < 0
         || (r_due = slot_of(t_record, "due")) < 0)
         return NULL;
@@ -419,7 +492,10 @@ static PyObject *whole(PyObject *tensor, PyObject *op, PyObject *pg, int sign, i
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
     *from_mpi = 1;  /* the only errors from here on are the routine's */
-    PyObject *out = finish(&r, err, bytes);
+    PyObject *bell_mask = SLOT(pg, g_bell);
+    unsigned long long mask = bell_words && bell_mask && PyLong_CheckExact(bell_mask)
+                              ? PyLong_AsUnsignedLongLongMask(bell_mask) : 0;
+    PyObject *out = finish(&r, err, bytes, mask);
     if (out != NULL)
         *from_mpi = 0;
     return out;
@@ -644,7 +720,7 @@ static PyObject *bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     (void)self;
     if (!ready("bcast(buf, datatype, extent, root, comm, writable)", f_ibcast, nargs, 6))
         return NULL;
-    unsigned long long dtype = handle_of(args[1]), comm = handle_of(args[4]);
+    unsigned long long dtype = handle_of(args[1]), comm = handle_of(args[4]), mask = mask_arg(args, nargs, 6);
     long root = PyLong_AsLong(args[3]);
     int writable = PyObject_IsTrue(args[5]);
     if (PyErr_Occurred())
@@ -666,14 +742,14 @@ static PyObject *bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         err = ((ibcast_int_t)f_ibcast)(view.buf, count, (int)dtype, (int)root, (int)comm, &r.ireq);
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
-    return finish(&r, err, bytes);
+    return finish(&r, err, bytes, mask);
 }
 
 static PyObject *barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (!ready("barrier(comm)", f_ibarrier, nargs, 1))
         return NULL;
-    unsigned long long comm = handle_of(args[0]);
+    unsigned long long comm = handle_of(args[0]), mask = mask_arg(args, nargs, 1);
     if (PyErr_Occurred())
         return NULL;
     request_t r = {0, NULL};
@@ -682,7 +758,7 @@ static PyObject *barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         err = ((ibarrier_ptr_t)f_ibarrier)((void *)(uintptr_t)comm, &r.preq);
     else
         err = ((ibarrier_int_t)f_ibarrier)((int)comm, &r.ireq);
-    return finish(&r, err, 0.0);
+    return finish(&r, err, 0.0, mask);
 }
 
 static PyObject *setup(PyObject *self, PyObject *args) {
@@ -711,6 +787,88 @@ static PyObject *setup(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- the bell from Python (mpidist/core/bell.py) */
+
+/* bell_attach(address, local rank, alone): the mapped page (at least (local ranks + 1) * 64
+ * bytes), and how long a wait spins while a member is not in a wait (seconds) */
+static PyObject *py_bell_attach(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long at;
+    int me;
+    double alone;
+    if (!PyArg_ParseTuple(args, "Kid", &at, &me, &alone))
+        return NULL;
+    if (at == 0 || me < 0 || alone < 0) {
+        PyErr_SetString(PyExc_ValueError, "bell_attach: the address is 0, or the rank or time negative");
+        return NULL;
+    }
+    spin_alone = alone;
+    bell_me = me;
+    bell_words = (uint32_t *)(uintptr_t)at;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_bell_enter(PyObject *self, PyObject *arg) {
+    (void)self;
+    long delta = PyLong_AsLong(arg);
+    if (delta == -1 && PyErr_Occurred())
+        return NULL;
+    bell_enter(delta > 0 ? 1 : -1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_bell_all_in(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long long mask = PyLong_AsUnsignedLongLongMask(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(bell_all_in(mask));
+}
+
+/* bell_arm(): count this thread as a sleeper and return the ring count to sleep on; test once
+ * more after it, then bell_sleep (or bell_disarm), so that no ring falls between */
+static PyObject *py_bell_arm(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    if (bell_words == NULL)
+        return PyLong_FromLong(0);
+    __atomic_add_fetch(&bell_words[1], 1, __ATOMIC_SEQ_CST);
+    return PyLong_FromUnsignedLong(__atomic_load_n(&bell_words[0], __ATOMIC_SEQ_CST));
+}
+
+static PyObject *py_bell_disarm(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    if (bell_words != NULL)
+        __atomic_sub_fetch(&bell_words[1], 1, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* bell_sleep(rings, seconds): sleep until the bell rings past `rings` or the time is up, the GIL
+ * released; disarms. True when it rang. */
+static PyObject *py_bell_sleep(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long seen;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "kd", &seen, &seconds))
+        return NULL;
+    if (bell_words == NULL)
+        Py_RETURN_FALSE;
+    uint32_t *b = bell_words;
+    if (seconds < 0)
+        seconds = 0;
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    Py_BEGIN_ALLOW_THREADS
+#ifdef __linux__
+    syscall(SYS_futex, &b[0], FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+#else
+    nanosleep(&ts, NULL);
+#endif
+    __atomic_sub_fetch(&b[1], 1, __ATOMIC_SEQ_CST);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(__atomic_load_n(&b[0], __ATOMIC_SEQ_CST) != (uint32_t)seen);
+}
+
 static PyMethodDef methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(buf, datatype, extent, op, comm): in-place MPI_Iallreduce, then the spin of the "
@@ -728,6 +886,14 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, call name, DType fields "
      "(name, kind, handle, extent), Plan fields (average, factor, lowprec, handle))"},
+    {"bell_attach", py_bell_attach, METH_VARARGS,
+     "bell_attach(address, local rank, alone): use the node's bell page mapped at address."},
+    {"bell_enter", py_bell_enter, METH_O, "bell_enter(+1 | -1): start (and ring) or end a wait."},
+    {"bell_all_in", py_bell_all_in, METH_O, "bell_all_in(mask): every local rank of mask is in a wait."},
+    {"bell_arm", py_bell_arm, METH_NOARGS, "bell_arm() -> rings: count as a sleeper (test once more, then sleep)."},
+    {"bell_disarm", py_bell_disarm, METH_NOARGS, "bell_disarm(): no sleep after bell_arm after all."},
+    {"bell_sleep", py_bell_sleep, METH_VARARGS,
+     "bell_sleep(rings, seconds) -> rang: sleep until a ring or the time is up (after bell_arm)."},
     {"setup", setup, METH_VARARGS,
      "setup(iallreduce, ibcast, ibarrier, test, pointer_handles, in_place, exception[, quick_tests, "
      "tests_per_yield, clock_every, spin_least, spin_per_byte, spin_most])"},

@@ -6,7 +6,9 @@ tests (docs/benchmarks.md, "The 8 B all_reduce in C"). The C module starts the n
 routine (``MPI_Iallreduce`` in place, ``MPI_Ibcast``, ``MPI_Ibarrier``) and runs the first part
 of the bounded wait of :func:`mpidist.core.timeouts.wait` (the same quick tests and the same
 spin, with the same constants); what is still pending after it comes back as a request handle,
-and the bounded wait goes on in Python.
+and the bounded wait goes on in Python. Where the group's ranks all run on one node, the call
+rings the node's bell and spins only while every member is in a wait (the group's bell mask,
+the last argument; :mod:`mpidist.core.bell`, whose futex functions live in the same module).
 
 It is built at install where a C compiler is found (``setup.py``), and needs no MPI header: the
 routines are looked up in the MPI library mpi4py loaded, and the handles pass as integers. It
@@ -28,18 +30,18 @@ from mpi4py import MPI
 
 from ..checks import signature
 from ..checks.signature import Record
-from ..core import timeouts, waiting
+from ..core import bell, timeouts, waiting
 from ..core.buffers import AS_IS, DType
 from ..core.groups import ProcessGroup
 from .ops import Plan, ReduceOp
 
-#: ``allreduce(array, datatype handle, extent, op handle, comm handle)``: ``None`` when done,
+#: ``allreduce(array, datatype handle, extent, op handle, comm handle[, bell mask])``: ``None`` when done,
 #: the pending request's handle, or ``NotImplemented`` (a count past ``INT_MAX``); ``None``
 #: where the C path is not available (see the module).
 allreduce: Callable[[Any, int, int, int, int], Any] | None = None
-#: ``bcast(array, datatype handle, extent, root, comm handle, writable)``: as :data:`allreduce`.
+#: ``bcast(array, datatype handle, extent, root, comm handle, writable[, bell mask])``: as :data:`allreduce`.
 bcast: Callable[[Any, int, int, int, int, bool], Any] | None = None
-#: ``barrier(comm handle)``: ``None`` when done, else the pending request's handle.
+#: ``barrier(comm handle[, bell mask])``: ``None`` when done, else the pending request's handle.
 barrier: Callable[[int], Any] | None = None
 #: ``all_reduce(tensor, op, group, sign)``: the whole common case of
 #: :func:`mpidist.all_reduce` (see :func:`bind`), as :data:`allreduce`; ``NotImplemented``
@@ -95,13 +97,16 @@ def enable(on: bool = True) -> str:
     global allreduce, bcast, barrier, all_reduce, why_not
     allreduce = bcast = barrier = all_reduce = signature.IN_C = None
     why_not = ""
-    if not on:
-        why_not = "turned off (MPIDIST_NATIVE=0)"
-        return why_not
     try:
         from . import _native as module
     except ImportError:
+        bell.use(None)
         why_not = "not built (no C compiler at install)"
+        return why_not
+    # the node's bell needs no MPI routine, only the module (and MPIDIST_BELL, core/bell.py)
+    bell.use(module if hasattr(module, "bell_attach") else None)
+    if not on:
+        why_not = "turned off (MPIDIST_NATIVE=0)"
         return why_not
     try:
         lib = ctypes.CDLL(MPI.__file__)  # its symbols resolve in the MPI library mpi4py loaded

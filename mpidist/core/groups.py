@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from mpi4py import MPI
 
-from . import errors
+from . import bell, errors
 
 
 class ProcessGroup:
@@ -28,7 +28,7 @@ class ProcessGroup:
 
     __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
                  "timeout", "seq", "broken", "_abandoned", "signatures", "persistent", "handle",
-                 "__weakref__")
+                 "bell", "__weakref__")
 
     def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
                  timeout: timedelta | None) -> None:
@@ -49,6 +49,8 @@ class ProcessGroup:
         self.persistent: dict | bool | None = None
         #: ``comm``'s MPI handle, for the C calls (:mod:`mpidist.calls.native`)
         self.handle: int = MPI._handleof(comm)
+        #: a bit per member's local rank where all run on this node, else 0 (:mod:`.bell`)
+        self.bell: int = bell.mask(self.ranks)
 
     def rank(self) -> int:
         """This process's rank in the group."""
@@ -219,6 +221,7 @@ def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
     registry.generation += 1
     comm = MPI.COMM_WORLD.Dup()
     registry.hosts = comm.allgather(MPI.Get_processor_name())
+    bell.open_for(comm)
     return _new(comm, range(comm.Get_size()), name or "default_pg", "default_pg", timeout)
 
 

@@ -30,7 +30,6 @@ is the fallback there, aborting the job past the timeout.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import zlib
@@ -39,8 +38,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import errors, faults, groups, ranklists, registry
+from . import bell, errors, faults, groups
 from .groups import ProcessGroup
+from .reports import call_id, report
 from .tags import NOTICE
 from .waiting import SPIN, TESTS_PER_YIELD, Backoff, nbytes_of, poll, seconds, spin_for, spin_on
 
@@ -76,18 +76,6 @@ class GroupTimeoutError(RuntimeError):
     """A call on a group did not complete within the group's timeout (the group is now broken)."""
 
 
-def _call_id(call: Any) -> int:
-    return zlib.crc32(str(call).encode()) & 0x7FFFFFFF
-
-
-@functools.lru_cache(maxsize=64)
-def _call_name(cid: int) -> str:
-    for name in registry.REGISTRY:
-        if _call_id(name) == cid:
-            return name
-    return f"call {cid}"
-
-
 def grace(limit: float | None) -> float:
     """Seconds a rank that gave up listens for its peers' notices."""
     return min(max(0.1 * (limit or 0.0), 0.5), 5.0)
@@ -103,6 +91,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
     rank's own: past it a ``RuntimeError`` says so and the requests stay pending.
     """
     test = tester(reqs, statuses)
+    mask = pg.bell  # the group's members all on this node: the wait spins only while all wait
     try:
         for _ in range(QUICK_TESTS // TESTS_PER_YIELD):
             for _ in range(TESTS_PER_YIELD):
@@ -112,25 +101,36 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         # then the spin on the bare test: a peer's notice is looked for only once it has passed
         # (within milliseconds, where the timeout is seconds), since the look costs more than a
         # test and ranks that share cores pay for every instruction between two of them
-        # (8 B all_reduce on 2 cores: 2.37-2.58x raw MPI_Allreduce at 16 ranks with the look,
-        # 1.99-2.20x without; docs/benchmarks.md, "Where ranks share cores")
+        # (docs/benchmarks.md, "Where ranks share cores")
         limit = seconds(pg.timeout) if timeout is None else timeout
         start = time.monotonic()
         end = start + spin_for(nbytes_of(keep))
-        if spin_on(test, end if limit is None else min(end, start + limit)):
-            return
+        end = end if limit is None else min(end, start + limit)
+        if mask:
+            bell.enter()
+        try:
+            if spin_on(test, end, mask, start + bell.alone):
+                return
+            until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask))
+        finally:
+            if mask:
+                bell.leave()
     except MPI.Exception as exc:
         raise failure(pg, call, exc, (reqs, keep), statuses) from None
-    until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start)
 
 
 def wait_pending(handle: int, pg: ProcessGroup, call: Any, keep: Any) -> None:
     """Go on with :func:`wait` for the request ``handle`` that a C call
     (:mod:`mpidist.calls.native`) left pending after its quick tests and its spin, which are
-    :func:`wait`'s own: the bounded wait's polling loop, from where the spin ended."""
+    :func:`wait`'s own (it counted itself in the group's bell, if any, as a wait): the bounded
+    wait's polling loop, from where the spin ended."""
     req = MPI.Request.fromhandle(handle)
-    until(req.Test, pg, call, ((req,), keep), None, None, 0.0,
-          time.monotonic() - spin_for(nbytes_of(keep)))
+    try:
+        until(req.Test, pg, call, ((req,), keep), None, None, 0.0,
+              time.monotonic() - spin_for(nbytes_of(keep)), bool(pg.bell))
+    finally:
+        if pg.bell:
+            bell.leave()
 
 
 def tester(reqs: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
@@ -160,12 +160,13 @@ def failure(pg: ProcessGroup, call: Any, exc: MPI.Exception, keep: Any,
 
 def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = None,
           timeout: float | None = None, statuses: list[MPI.Status] | None = None,
-          spin: float = SPIN, start: float | None = None) -> None:
+          spin: float = SPIN, start: float | None = None, counted: bool = False) -> None:
     """Poll ``ready()`` until it is true, bounded as :func:`wait` (which it serves).
 
     Also for what is not a request: a receive that must first probe for its message's size.
     An MPI error ``ready()`` raises becomes mpidist's (:func:`failure`). ``start``: when the
-    wait began (the deadline counts from there), if before this call.
+    wait began (the deadline counts from there), if before this call. ``counted``: the caller
+    counted the wait in the group's bell (:mod:`mpidist.core.bell`), so it sleeps there.
     """
     limit = seconds(pg.timeout) if timeout is None else timeout
     start = time.monotonic() if start is None else start
@@ -173,7 +174,7 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     comm = pg.comm
     heard: dict[int, np.ndarray] = {}
     asked: set[int] = set()
-    backoff = Backoff(spin=spin)
+    backoff = Backoff(spin=spin, bell_mask=pg.bell if counted else 0, respin=spin_for(nbytes_of(keep)))
 
     tests = [0]
 
@@ -353,7 +354,7 @@ class _Notices:
 def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited: float,
              heard: dict[int, np.ndarray], asked: set[int]) -> None:
     first = dict(heard)  # notices that arrived before this rank's own deadline
-    notice = np.array([pg.seq, _call_id(call), GAVE_UP, int(waited * 1000), _token(pg)], np.int64)
+    notice = np.array([pg.seq, call_id(call), GAVE_UP, int(waited * 1000), _token(pg)], np.int64)
     ex = _Notices(pg, heard, asked, notice, grace(limit))
     ex.tell(now=True)
     poll(ex.step, ex.most)
@@ -363,38 +364,7 @@ def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited
         req.Free()  # a peer that never listens never takes it: let MPI finish it alone
     LAST_GIVE_UP.update(messages=len(ex.sends), entries=ex.entries)
     groups.break_group(pg, (keep, notice, ex.sent))
-    text = _report(pg, call, limit, waited, heard, first)
+    text = report(pg, call, limit, waited, heard, first)
     for listener in list(GIVE_UP_LISTENERS.values()):
         listener(f"timeout: {text}")
     raise GroupTimeoutError(errors.message(call, text))
-
-
-def _limit(limit: float | None) -> str:
-    return "none" if limit is None else f"{limit:g} s"
-
-
-def _report(pg: ProcessGroup, call: Any, limit: float | None, waited: float,
-            heard: dict[int, np.ndarray], first: dict[int, np.ndarray]) -> str:
-    silent = [pg.ranks[r] for r in range(pg._size) if r != pg._rank and r not in heard]
-    where = f"{call} #{pg.seq} on group {pg.group_name!r} (global ranks {ranklists.ranges(pg.ranks)})"
-    if first and (limit is None or waited < limit):
-        r, msg = min(first.items())
-        why = (f"{where}: Timed out after {waited:.3g} s here, since rank {pg.ranks[r]} gave up on "
-               f"{_call_name(int(msg[1]))} #{msg[0]} after {msg[3] / 1000:g} s (the group's timeout "
-               f"is {_limit(limit)})")
-    else:
-        why = f"{where}: Timed out after {waited:.3g} s (the group's timeout is {_limit(limit)})"
-    parts = [why]
-    if silent:
-        parts.append(f"not heard from rank{'s' if len(silent) > 1 else ''} "
-                     f"{ranklists.by_host(silent, groups.registry.hosts)}: not in a call on this "
-                     "group, or cut off from this rank")
-    calls: dict[tuple[int, int], list[int]] = {}  # (call id, sequence number) -> global ranks
-    for r, m in heard.items():
-        calls.setdefault((int(m[1]), int(m[0])), []).append(pg.ranks[r])
-    if calls:
-        parts.append("heard from " + ", ".join(
-            f"{ranklists.plural(rs)} ({_call_name(cid)} #{seq})"
-            for (cid, seq), rs in sorted(calls.items(), key=lambda kv: min(kv[1]))[:ranklists.MOST_HOSTS]))
-    parts.append("the group is now broken: later calls on it raise at once")
-    return "; ".join(parts)

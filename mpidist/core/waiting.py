@@ -19,6 +19,8 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
+from . import bell
+
 #: The first and the longest pause of a :class:`Backoff`, in seconds.
 FIRST_PAUSE = 20e-6
 LONGEST_PAUSE = 1e-3
@@ -65,16 +67,23 @@ class Backoff:
 
     ``spin``: seconds that :func:`poll` first tests back to back, yielding the core
     (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
+    ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin runs only while
+    every member is in a wait, the pauses are spent asleep on the bell, and a ring ends the pause
+    and spins again for ``respin`` seconds (when every member is in).
     """
 
-    __slots__ = ("first", "longest", "pause", "spin_until")
+    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin")
 
     def __init__(self, first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE,
-                 spin: float = 0.0) -> None:
+                 spin: float = 0.0, bell_mask: int = 0, respin: float = 0.0) -> None:
         self.first = first
         self.longest = longest
         self.pause = first
         self.spin_until = time.monotonic() + spin if spin else 0.0
+        self.bell = bell_mask
+        self.respin = respin
+        if bell_mask:  # the spin runs only while every member waits: give it its window now
+            self.spin_until = max(self.spin_until, time.monotonic() + respin)
 
     def reset(self) -> None:
         self.pause = self.first
@@ -89,6 +98,31 @@ class Backoff:
         else:
             time.sleep(self.pause)
         self.pause = min(self.pause * 2, self.longest)
+        return True
+
+    def nap(self, done: Callable[[], bool], deadline: float | None) -> bool | None:
+        """The next pause asleep on the bell: ``None`` once ``done()``, ``False`` once the deadline
+        has passed, ``True`` otherwise. A ring starts the spin again (``respin`` seconds); the
+        spin runs while every member is in a wait, and a wait whose spin is spent sleeps."""
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return False
+        end = self.spin_until if deadline is None else min(self.spin_until, deadline)
+        seen = bell.nap(done, self.pause if deadline is None else min(self.pause, deadline - now),
+                        self.bell, now < end)
+        if seen is None:
+            return None
+        if seen == bell.SLEPT:
+            self.pause = min(self.pause * 2, self.longest)
+            return True
+        alone = 0.0
+        if seen == bell.RANG:  # a member arrived: the others may follow within a time slice
+            self.pause = self.first
+            now = time.monotonic()
+            self.spin_until, alone = now + self.respin, now + bell.alone
+            end = self.spin_until if deadline is None else min(self.spin_until, deadline)
+        if spin_on(done, end, self.bell, alone):
+            return None
         return True
 
 
@@ -106,9 +140,10 @@ TESTS_PER_YIELD = 4
 CLOCK_EVERY = 4
 
 
-def spin_on(done: Callable[[], bool], end: float) -> bool:
+def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: float = 0.0) -> bool:
     """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
-    true or ``end`` passes."""
+    true or ``end`` passes; with a bell mask (:mod:`.bell`) only while every member is in a
+    wait, or until ``alone`` while one is not."""
     yield_ = os.sched_yield
     while True:
         for _ in range(CLOCK_EVERY):
@@ -116,14 +151,16 @@ def spin_on(done: Callable[[], bool], end: float) -> bool:
                 if done():
                     return True
             yield_()
-        if time.monotonic() >= end:
+        now = time.monotonic()
+        if now >= end or (bell_mask and now >= alone and not bell.all_in(bell_mask)):
             return False
 
 
 def poll(done: Callable[[], bool], deadline: float | None,
          backoff: Backoff | None = None) -> bool:
     """Call ``done()`` until it is true (``True``) or ``deadline`` passes (``False``): first
-    yielding between tests for the backoff's ``spin``, then sleeping its pauses."""
+    yielding between tests for the backoff's ``spin``, then sleeping its pauses (on the bell,
+    where the backoff has one)."""
     if done():
         return True
     b = backoff or Backoff()
@@ -131,9 +168,16 @@ def poll(done: Callable[[], bool], deadline: float | None,
     if deadline is not None:
         bounded_waits.add(me)
     try:
-        if b.spin_until:
+        if b.spin_until and not b.bell:
             if spin_on(done, b.spin_until if deadline is None else min(b.spin_until, deadline)):
                 return True
+        if b.bell:  # the spin, where every member is in a wait, comes from nap()
+            while True:
+                state = b.nap(done, deadline)
+                if state is None:
+                    return True
+                if not state:
+                    return done()
         while not done():
             if not b.sleep(deadline):
                 return done()

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from mpidist.calls import native
 from mpidist.checks import signature
+from mpidist.core import timeouts
 from mpidist.core.buffers import AS_IS
 
 try:
@@ -22,6 +23,16 @@ except ImportError:
 
 built = pytest.mark.skipif(_native is None,
                            reason="the C calls are not built (no compiler at install)")
+
+
+def taken(result, g, t) -> bool:
+    """Whether the C path took the call: ``None`` (done there) or a pending request's handle,
+    which the bounded wait then completes (a rank that came before its peers does not spin for
+    them where the node's bell serves the group, :mod:`mpidist.core.bell`)."""
+    if isinstance(result, int):
+        timeouts.wait_pending(result, g, "all_reduce", t)
+        return True
+    return result is None
 
 
 PATHS = ("all_reduce", "allreduce", "bcast", "barrier")
@@ -304,11 +315,11 @@ def test_the_whole_call_in_c_counts_and_records_as_python_does(dist, rank, size)
     g = groups["C"]
     seq, n = g.seq, g.signatures.n
     t = np.full(4, float(rank))
-    assert native.all_reduce(t, dist.ReduceOp.SUM, g, True) is None
+    assert taken(native.all_reduce(t, dist.ReduceOp.SUM, g, True), g, t)
     assert list(t) == [size * (size - 1) / 2] * 4
     assert (g.seq, g.signatures.n) == (seq + 1, n + 1)
     assert g.signatures.sigs[-1] == ("all_reduce", 4, "float64", "SUM")
-    assert native.all_reduce(t, dist.ReduceOp.SUM, g, False) is None  # the check off: counted only
+    assert taken(native.all_reduce(t, dist.ReduceOp.SUM, g, False), g, t)  # the check off: counted only
     assert (g.seq, g.signatures.n) == (seq + 2, n + 1)
     for g in groups.values():
         dist.destroy_process_group(g)
@@ -347,10 +358,11 @@ def test_off_the_common_case_the_c_path_does_nothing(dist, rank, size):
             assert state(g) == before, what
     g.signatures.due = g.signatures.n + 1  # the check is due: C calls it, then the routine
     t = np.full(2, float(rank))
-    assert native.all_reduce(t, add, g, True) is None
+    assert taken(native.all_reduce(t, add, g, True), g, t)
     assert list(t) == [size * (size - 1) / 2] * 2
     assert (g.signatures.due, g.signatures.sigs) == (g.signatures.n + signature.EVERY, [])
-    assert native.all_reduce(np.ones(2), add, g, False) is None  # without the check, it runs
+    one = np.ones(2)
+    assert taken(native.all_reduce(one, add, g, False), g, one)  # without the check, it runs
     before = state(g)
     keep = g.persistent
     g.persistent = {"a request": None}  # a group with persistent requests: persistent.py's path
@@ -425,7 +437,9 @@ def test_bind_refuses_a_class_whose_fields_are_not_slots():
 
 def python_frames(run):
     """The names of mpidist's Python functions that ``run()`` calls (``sys.setprofile``): an Entry
-    that takes the call in C runs none."""
+    that takes the call in C runs none, or only ``_waited``, the bounded wait of a request the C
+    call left pending (whose own frames are not listed): a rank that comes first sleeps there
+    instead of spinning in C (the node's bell), and a loaded machine can outlast the C spin."""
     import os
     import sys
 
@@ -435,7 +449,8 @@ def python_frames(run):
 
     def profile(frame, event, arg):
         where = frame.f_code.co_filename
-        if event == "call" and (where.startswith(home) or where.startswith("<mpidist")):
+        if event == "call" and (where.startswith(home) or where.startswith("<mpidist")) \
+                and "_waited" not in names:
             names.append(frame.f_code.co_name)
     sys.setprofile(profile)
     try:
@@ -487,7 +502,7 @@ def test_the_entry_takes_torchs_arguments_every_way_in_c(dist, rank, size):
         grp.signatures.due = grp.signatures.n + 3  # never due here: the count below is exact
         t = rank_data(rank, 3, np.float64, seed=k)
         seq, n = grp.seq, grp.signatures.n
-        assert python_frames(lambda run=run, t=t: run(t)) == [], what
+        assert python_frames(lambda run=run, t=t: run(t)) in ([], ["_waited"]), what
         want = np.stack([rank_data(r, 3, np.float64, seed=k) for r in range(size)])
         np.testing.assert_allclose(t, want.max(0) if op is most else want.sum(0), err_msg=what)
         assert (grp.seq, grp.signatures.n) == (seq + 1, n + 1), what

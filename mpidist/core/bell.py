@@ -1,0 +1,193 @@
+"""The node's bell: waits that sleep in the kernel until a peer arrives, instead of spinning.
+
+MPI moves a message between ranks of one node only while they test for it, so a rank that waits
+spins (:func:`mpidist.core.waiting.spin_on`). That is right while its peers are in the call too,
+and wrong while one of them is still computing or loading data: the spin takes the core that
+peer, its torch threads or its data-loader workers need (gloo's waits block in the kernel and
+take none). The bell tells the two cases apart and wakes sleepers when the case changes:
+
+* A page of shared memory per node (``/dev/shm``, unlinked as soon as every local rank has
+  mapped it) holds a futex word, a count of its sleepers, and one cache line per local rank
+  counting the waits that rank is in.
+* A wait on a group whose members all run on this node (its :attr:`ProcessGroup.bell
+  <mpidist.core.groups.ProcessGroup>` mask, a bit per member's local rank) counts itself in and
+  rings the futex (only where a rank sleeps on it: one atomic load otherwise). It spins only
+  while every member is in a wait; otherwise it sleeps on the futex until a ring or the end of
+  its backoff pause, and a ring starts its spin again.
+
+Groups that span nodes, more than 64 local ranks, no C module, no ``/dev/shm`` or
+``MPIDIST_BELL=0``: the mask is 0 and the waits spin and back off as before. Every ring is a
+hint: a lost one costs a pause, never a result. The C side is in ``mpidist/calls/_native.c``,
+handed over by :mod:`mpidist.calls.native` (:func:`use`), since this layer imports nothing above it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import uuid
+from typing import Any, Callable, Sequence
+
+from mpi4py import MPI
+
+#: Bytes per local rank (and for the futex words): one cache line each.
+LINE = 64
+#: Groups with members at local ranks past this use no bell (the mask is one 64-bit word).
+MOST_LOCAL = 64
+#: How long a wait spins while a member of its group is not in a wait yet, before it sleeps until
+#: that member's arrival rings, per rank sharing a core (:data:`alone` is this times the node's
+#: ranks per core): in a loop of calls, ranks that share cores arrive within a round of the
+#: scheduler of each other; a rank that computes or loads data arrives much later.
+ALONE_PER_RANK = 2e-4
+#: ``MPIDIST_BELL=0`` turns the bell off (every wait spins and backs off as before).
+ALLOWED = os.environ.get("MPIDIST_BELL", "1").strip().lower() not in ("0", "off", "false", "no")
+
+_impl: Any = None  # the C module's bell functions, from calls/native (use())
+_page: mmap.mmap | None = None  # mapped for the life of the process: a sleeper may still use it
+_slots: list[int] = []  # local rank of each global rank of the world, -1 on another node
+why_not = "not opened"
+alone = ALONE_PER_RANK  # this node's: see ALONE_PER_RANK
+
+
+def use(module: Any) -> None:
+    """Take the C functions (``bell_attach``, ``bell_enter``, ...) from ``module``; ``None``: none."""
+    global _impl
+    _impl = module
+
+
+def on() -> bool:
+    """Whether this process rings and sleeps on a bell."""
+    return _page is not None
+
+
+def open_for(comm: MPI.Intracomm) -> None:
+    """Map the node's bell (first time only) and learn the local rank of each rank of ``comm``,
+    the world. Collective over ``comm``: ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``, a
+    broadcast of the page's name on each node, a barrier, and one allgather."""
+    global _slots
+    usable = _impl is not None and ALLOWED and sys.platform.startswith("linux") and os.path.isdir("/dev/shm")
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        local = node.Get_rank()
+        # the node's ranks map it together or not at all (MPIDIST_BELL may differ between them)
+        if node.allreduce(usable and _page is None, op=MPI.LAND):
+            _map(node)
+        key = _key if _page is not None else None
+        places = comm.allgather((key, local))
+    finally:
+        node.Free()
+    mine = places[comm.Get_rank()][0]
+    _slots = [r if k is not None and k == mine else -1 for k, r in places]
+
+
+_key: str | None = None
+
+
+def _map(node: MPI.Intracomm) -> None:
+    """The node's page: its first rank creates it, every rank maps it, then the name goes."""
+    global _page, _key, why_not, alone
+    size = (node.Get_size() + 1) * LINE
+    name = None
+    if node.Get_rank() == 0:
+        name = f"/dev/shm/mpidist-bell-{uuid.uuid4().hex}"
+        try:
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            why_not, name = f"cannot create its page in /dev/shm ({exc})", None
+    name = node.bcast(name, root=0)
+    page = None
+    if name is not None:
+        try:
+            fd = os.open(name, os.O_RDWR)
+            try:
+                page = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            why_not = f"cannot map its page ({exc})"
+    ok = node.allreduce(page is not None, op=MPI.LAND)  # all ranks of a node use it, or none
+    if node.Get_rank() == 0 and name is not None:
+        os.unlink(name)  # every rank that maps it has: nothing stays in /dev/shm
+    if not ok:
+        if page is not None:
+            page.close()
+        return
+    import ctypes  # the page's address, for the C side
+
+    alone = ALONE_PER_RANK * ranks_per_core(node.Get_size())
+    _impl.bell_attach(ctypes.addressof(ctypes.c_char.from_buffer(page)), node.Get_rank(), alone)
+    _page, _key, why_not = page, name, ""
+
+
+def ranks_per_core(local: int) -> int:
+    """How many of the node's ``local`` ranks share each core this rank may run on: 1 where the
+    launcher bound the ranks to cores of their own (their cores times the ranks fit the node)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    machine = os.cpu_count() or cores
+    if cores * local <= machine:
+        return 1
+    return -(-local // max(1, min(cores, machine)))
+
+
+def mask(ranks: Sequence[int]) -> int:
+    """The bell mask of a group of these global ranks: a bit per member's local rank where all
+    run on this node (and there are two or more), else 0 (no bell: spin and back off)."""
+    if _page is None or len(ranks) < 2:
+        return 0
+    bits = 0
+    for r in ranks:
+        s = _slots[r] if 0 <= r < len(_slots) else -1
+        if not 0 <= s < MOST_LOCAL:
+            return 0
+        bits |= 1 << s
+    return bits
+
+
+def renumber(old_ranks: Sequence[int]) -> None:
+    """The world was shrunk: its rank ``i`` is the old world's ``old_ranks[i]``."""
+    global _slots
+    _slots = [_slots[r] if 0 <= r < len(_slots) else -1 for r in old_ranks]
+
+
+def enter() -> None:
+    """This thread starts a wait (and rings the bell)."""
+    _impl.bell_enter(1)
+
+
+def leave() -> None:
+    """This thread's wait is over."""
+    _impl.bell_enter(-1)
+
+
+def all_in(bits: int) -> bool:
+    """Every member of the mask ``bits`` is in a wait."""
+    return _impl.bell_all_in(bits)
+
+
+#: What :func:`nap` saw: a ring, every member in a wait already, or only its time passing.
+RANG, ALL_IN, SLEPT = 1, 2, 3
+
+
+def nap(done: Callable[[], bool], seconds: float, bits: int, spin: bool) -> int | None:
+    """Sleep on the bell for up to ``seconds``: ``None`` if ``done()`` became true first,
+    :data:`ALL_IN` at once where every member of ``bits`` is in a wait and the caller may
+    ``spin``, else :data:`RANG` or :data:`SLEPT`.
+
+    Both are looked at after arming: a member that enters after the look rings a sleeper it
+    sees, and one that entered before it is seen, so no arrival falls between the two."""
+    seen = _impl.bell_arm()
+    if done():
+        _impl.bell_disarm()
+        return None
+    if spin and _impl.bell_all_in(bits):
+        _impl.bell_disarm()
+        return ALL_IN
+    return RANG if _impl.bell_sleep(seen, seconds) else SLEPT
