@@ -49,7 +49,7 @@ class ProcessGroup:
         self.persistent: dict | bool | None = None
         #: ``comm``'s MPI handle, for the C calls (:mod:`mpidist.calls.native`)
         self.handle: int = MPI._handleof(comm)
-        #: a bit per member's local rank where all run on this node, else 0 (:mod:`.bell`)
+        #: a bit per member's local rank where all run on this node, else 0 (:mod:`mpidist.core.bell`)
         self.bell: int = bell.mask(self.ranks)
 
     def rank(self) -> int:
