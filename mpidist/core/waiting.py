@@ -67,9 +67,10 @@ class Backoff:
 
     ``spin``: seconds that :func:`poll` first tests back to back, yielding the core
     (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
-    ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin runs only while
-    every member is in a wait, the pauses are spent asleep on the bell, and a ring ends the pause
-    and spins again for ``respin`` seconds (when every member is in).
+    ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin (``respin``
+    seconds) runs while every member is in a wait, the pauses are spent asleep on the bell, and a
+    ring ends the pause and starts the spin again, for :data:`mpidist.core.bell.alone` only while a
+    member is still away.
     """
 
     __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin")
