@@ -137,6 +137,22 @@ def ranks_per_core(local: int) -> int:
     return -(-local // max(1, min(cores, machine)))
 
 
+def state(local: int) -> str:
+    """What the bell does for a job of ``local`` ranks on this node, as ``python -m mpidist info``
+    says it: ``"on: ..."`` (opened at ``init_process_group``) or ``"off: ..."``, and why."""
+    if _impl is None:
+        return "off: the C module is not built (no C compiler at install)"
+    if not ALLOWED:
+        return "off: turned off (MPIDIST_BELL=0)"
+    if not sys.platform.startswith("linux") or not os.path.isdir("/dev/shm"):
+        return "off: it needs Linux's futex and /dev/shm"
+    if _page is None and why_not != "not opened":
+        return f"off: {why_not}"
+    share = ranks_per_core(local)
+    return (f"on: waits on one node sleep while a peer is away, after a spin of "
+            f"{ALONE_PER_RANK * share * 1e3:.1f} ms ({share} rank(s) per core)")
+
+
 def mask(ranks: Sequence[int]) -> int:
     """The bell mask of a group of these global ranks: a bit per member's local rank where all
     run on this node (and there are two or more), else 0 (no bell: spin and back off)."""

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .. import gpu
 from .._version import __version__
 from ..calls import native
-from ..core import faults
+from ..core import bell, faults
 from . import launcher, mpi_library
 
 #: Variables that choose the network MPI uses between nodes (reported when set).
@@ -85,6 +85,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "cuda_aware": cuda_aware(),
         "gpu_path": _gpu_path(),
         "c_calls": native.state(),
+        "bell": bell.state(local_size),
         "launcher": launcher.detect_launcher(size),
         "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
         "survive_failure": faults.survival(),
@@ -120,6 +121,7 @@ def render(facts: dict[str, Any]) -> str:
         ("CUDA-aware MPI", facts["cuda_aware"]),
         ("GPU path", facts.get("gpu_path") or "unknown"),
         ("C calls", facts.get("c_calls") or "unknown"),
+        ("bell", facts.get("bell") or "unknown"),
         ("launcher", facts["launcher"]),
         ("network", " ".join(f"{k}={v}" for k, v in facts.get("network_env", {}).items())
          or "the MPI library's default (no FI_/UCX_/netmod variable set)"),

@@ -71,3 +71,20 @@ def test_info_says_whether_the_c_calls_run(setting):
     else:  # this process's own answer, for the same installation and MPI
         assert said == native.state() and said.startswith("on" if native.allreduce else "off: ")
         assert (said == "on") == (native.all_reduce is not None)
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_info_says_whether_the_bell_rings(setting):
+    from mpidist.core import bell
+
+    r = run_python(["-m", "mpidist", "info", "--json"], timeout=60, env={"MPIDIST_BELL": setting})
+    assert r.returncode == 0, r.stderr
+    said = json.loads(r.stdout)["bell"]
+    if setting == "0":
+        assert said == "off: turned off (MPIDIST_BELL=0)"
+    elif bell._impl is None:
+        assert said.startswith("off: the C module is not built")
+    else:  # a singleton: one rank on this node, a core of its own
+        assert said.startswith("on: ") and "(1 rank(s) per core)" in said, said
+    r = run_python(["-m", "mpidist", "info"], timeout=60, env={"MPIDIST_BELL": setting})
+    assert f"bell:              {said}" in r.stdout, r.stdout
