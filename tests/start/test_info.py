@@ -59,13 +59,18 @@ def test_usage_and_unknown_command():
     assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr
 
 
+def _said(key: str, variable: str, setting: str) -> str:
+    """What ``python -m mpidist info --json`` reports as ``key`` with ``variable=setting``."""
+    r = run_python(["-m", "mpidist", "info", "--json"], timeout=60, env={variable: setting})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)[key]
+
+
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_info_says_whether_the_c_calls_run(setting):
     from mpidist.calls import native
 
-    r = run_python(["-m", "mpidist", "info", "--json"], timeout=60, env={"MPIDIST_NATIVE": setting})
-    assert r.returncode == 0, r.stderr
-    said = json.loads(r.stdout)["c_calls"]
+    said = _said("c_calls", "MPIDIST_NATIVE", setting)
     if setting == "0":
         assert said == "off: turned off (MPIDIST_NATIVE=0)"
     else:  # this process's own answer, for the same installation and MPI
@@ -77,9 +82,7 @@ def test_info_says_whether_the_c_calls_run(setting):
 def test_info_says_whether_the_bell_rings(setting):
     from mpidist.core import bell
 
-    r = run_python(["-m", "mpidist", "info", "--json"], timeout=60, env={"MPIDIST_BELL": setting})
-    assert r.returncode == 0, r.stderr
-    said = json.loads(r.stdout)["bell"]
+    said = _said("bell", "MPIDIST_BELL", setting)
     if setting == "0":
         assert said == "off: turned off (MPIDIST_BELL=0)"
     elif bell._impl is None:
