@@ -825,6 +825,15 @@ static PyObject *py_bell_all_in(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(bell_all_in(mask));
 }
 
+/* bell_ring(): wake every sleeper on the bell, counting no wait (a progress thread asleep on it
+ * that has other news: mpidist/torch/progress.py) */
+static PyObject *py_bell_ring(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    bell_ring();
+    Py_RETURN_NONE;
+}
+
 /* bell_arm(): count this thread as a sleeper and return the ring count to sleep on; test once
  * more after it, then bell_sleep (or bell_disarm), so that no ring falls between */
 static PyObject *py_bell_arm(PyObject *self, PyObject *unused) {
@@ -889,6 +898,7 @@ static PyMethodDef methods[] = {
     {"bell_attach", py_bell_attach, METH_VARARGS,
      "bell_attach(address, local rank, alone): use the node's bell page mapped at address."},
     {"bell_enter", py_bell_enter, METH_O, "bell_enter(+1 | -1): start (and ring) or end a wait."},
+    {"bell_ring", py_bell_ring, METH_NOARGS, "bell_ring(): wake the bell's sleepers, counting no wait."},
     {"bell_all_in", py_bell_all_in, METH_O, "bell_all_in(mask): every local rank of mask is in a wait."},
     {"bell_arm", py_bell_arm, METH_NOARGS, "bell_arm() -> rings: count as a sleeper (test once more, then sleep)."},
     {"bell_disarm", py_bell_disarm, METH_NOARGS, "bell_disarm(): no sleep after bell_arm after all."},

@@ -183,6 +183,11 @@ def leave() -> None:
     _impl.bell_enter(-1)
 
 
+def ring() -> None:
+    """Wake whoever sleeps on the bell, counting no wait (one atomic load where nobody sleeps)."""
+    _impl.bell_ring()
+
+
 def all_in(bits: int) -> bool:
     """Every member of the mask ``bits`` is in a wait."""
     return _impl.bell_all_in(bits)

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from . import errors, timeouts
 from .groups import ProcessGroup
 from .registry import define
-from .waiting import seconds
+from .waiting import nbytes_of, seconds
 
 
 def _done_already() -> bool:
@@ -65,6 +65,16 @@ class Work:
         (or a peer gave up); see :func:`mpidist.core.timeouts.expired`. For the torch backend,
         whose works a progress thread completes."""
         return timeouts.expired(self._pg, self._call, keep, start)
+
+    @property
+    def bell(self) -> int:
+        """Its group's bell mask (:mod:`mpidist.core.bell`; 0: none)."""
+        return self._pg.bell if self._pg is not None else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers it still moves (what sets its wait's spin)."""
+        return nbytes_of(self._keep)
 
     def is_completed(self) -> bool:
         """``True`` once the operation is done (``MPI_Test``/``MPI_Testall``; runs the post-step)."""

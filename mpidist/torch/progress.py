@@ -11,6 +11,12 @@ a callback may itself wait on other work. Whoever polls also ends pending work p
 timeout, or on a peer's notice, as mpidist's own calls end
 (:func:`mpidist.core.timeouts.expired`): the future gets the error, so DDP, which waits on futures
 from C++, raises as under gloo.
+
+Work on a group whose members all run on this node (its bell mask, :mod:`mpidist.core.bell`)
+takes part in the node's bell, as mpidist's blocking waits do: it counts as a wait from its
+submission to its completion (the submission rings), and the thread spends its pauses asleep on
+the bell, where a peer's arrival wakes it at once; it spins only while every member is in a
+wait (for the spin a blocking wait of those bytes would make, :func:`mpidist.core.waiting.spin_for`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from ..core import errors
+from ..core import bell, errors
+from ..core.waiting import Backoff, poll, spin_for, spin_on
 from ..core.work import Work as MpiWork
 
 #: First and longest pause between two tests of the pending requests (seconds).
@@ -39,7 +46,8 @@ CHECK_AFTER = 0.05
 class Pending:
     """One torch-level operation: its mpidist works and the torch future to complete."""
 
-    __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start")
+    __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start",
+                 "bell", "spin", "on_bell")
 
     def __init__(self, works: Sequence[MpiWork], future: Any, value: Any, call: str,
                  on_done: Callable[[], None] | None = None) -> None:
@@ -52,6 +60,11 @@ class Pending:
         self.event = threading.Event()
         self.on_done = on_done
         self.start = time.monotonic()
+        masks = {w.bell for w in self.works}
+        #: the bell mask of its one group (0: none, or works on several groups)
+        self.bell = masks.pop() if len(masks) == 1 else 0
+        self.spin = spin_for(sum(w.nbytes for w in self.works)) if self.bell else 0.0
+        self.on_bell = False  # a thread waits for it asleep on the bell (Engine.wait)
 
     def test(self) -> bool:
         """``True`` once every request is complete (post-steps run here, exactly once)."""
@@ -86,6 +99,8 @@ class Pending:
         for the future too."""
         self.done = True
         self.event.set()
+        if self.on_bell:
+            bell.ring()
         if self.error is not None:
             self.future.set_exception(self.error)
         else:
@@ -101,21 +116,28 @@ class Engine:
         self._pending: list[Pending] = []
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._submitted = 0  # submissions so far: news for the thread asleep on the bell
+        self._napping = False  # the thread sleeps on the bell, not on the condition
 
     def submit(self, p: Pending) -> None:
+        if p.bell:
+            bell.enter()  # counts this rank in until the work completes (poll() leaves), and rings
         with self._cv:
             self._pending.append(p)
+            self._submitted += 1
             self._cv.notify()
             if self._thread is None:
                 self._stop = False
                 self._thread = threading.Thread(target=self._run, name="mpidist-torch-progress",
                                                 daemon=True)
                 self._thread.start()
+        if not p.bell and self._napping:
+            bell.ring()  # the thread sleeps on the bell, not on the condition
 
-    def poll(self) -> bool:
-        """Test every pending operation once; settle the finished ones. ``False`` if busy."""
+    def poll(self) -> int:
+        """Test every pending operation once; settle the finished ones; how many (0 if busy)."""
         if not self._poll_lock.acquire(blocking=False):
-            return False
+            return 0
         try:
             with self._cv:
                 snapshot = list(self._pending)
@@ -123,15 +145,19 @@ class Engine:
             if finished:
                 with self._cv:
                     self._pending = [p for p in self._pending if p not in finished]
+                for p in finished:
+                    if p.bell:
+                        bell.leave()
         finally:
             self._poll_lock.release()
         for p in finished:
             p.settle()
-        return True
+        return len(finished)
 
     def _run(self) -> None:
         pause = FIRST_PAUSE
         quick = 0  # polls since the last submission or completion, each followed by a yield
+        spin_until = 0.0  # on the bell: spin while every member waits, until then
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
@@ -139,14 +165,25 @@ class Engine:
                     pause, quick = FIRST_PAUSE, 0
                 if self._stop:
                     return
-            before = len(self._pending)
-            self.poll()
-            if len(self._pending) < before:
+                mask, spin = self._bell()
+            if quick == 0:
+                spin_until = time.monotonic() + spin
+            if self.poll():
                 pause, quick = FIRST_PAUSE, 0
+                continue
             if quick < QUICK_POLLS:
                 # as the bounded wait: a small call completes within microseconds of its submission
                 quick += 1
                 os.sched_yield()
+                continue
+            if mask:
+                seen = self._nap(mask, pause, spin_until)
+                if seen is None:  # news: a submission or a completion
+                    pause, quick = FIRST_PAUSE, 0
+                elif seen == bell.RANG:  # a member arrived: test, and spin again while all wait
+                    pause, quick = FIRST_PAUSE, 0
+                else:
+                    pause = min(pause * 2, MAX_PAUSE)
                 continue
             with self._cv:
                 if self._pending and not self._stop:
@@ -156,6 +193,35 @@ class Engine:
                     else:
                         pause = min(pause * 2, MAX_PAUSE)
 
+    def _bell(self) -> tuple[int, float]:
+        """The pending work's bell mask (every member of each group; 0 where any has none) and
+        the longest spin among them. Under the condition's lock."""
+        mask, spin = 0, 0.0
+        for p in self._pending:
+            if not p.bell:
+                return 0, 0.0
+            mask |= p.bell
+            spin = max(spin, p.spin)
+        return mask, spin
+
+    def _nap(self, mask: int, pause: float, spin_until: float) -> int | None:
+        """One pause on the bell (:func:`mpidist.core.bell.nap`): ``None`` on news (a submission,
+        or work finished), else :data:`~mpidist.core.bell.RANG`, or ``SLEPT`` (also after a spin
+        while every member waited)."""
+        submitted = self._submitted
+
+        def news() -> bool:
+            return self._submitted != submitted or self.poll() > 0
+
+        self._napping = True
+        try:
+            seen = bell.nap(news, pause, mask, time.monotonic() < spin_until)
+        finally:
+            self._napping = False
+        if seen == bell.ALL_IN:
+            return None if spin_on(news, spin_until, mask, time.monotonic() + bell.alone) else bell.SLEPT
+        return seen
+
     def wait(self, p: Pending, timeout: float | None = None) -> None:
         """Block until ``p`` is settled, helping with the polling; raise its error.
 
@@ -164,6 +230,19 @@ class Engine:
         ``RuntimeError`` says so and the work stays waitable.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        if p.bell and not p.done:
+            # as a blocking wait: asleep on the bell, and whoever wakes first completes the work
+            # (handing it over from the progress thread would cost a wake-up more)
+            p.on_bell = True
+
+            def done() -> bool:
+                if not p.done:
+                    self.poll()
+                return p.done
+
+            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=p.spin)):
+                raise errors.runtime_error(
+                    p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
         pause = FIRST_PAUSE
         while not p.done:
             self.poll()
@@ -183,6 +262,8 @@ class Engine:
         with self._cv:
             self._stop = True
             self._cv.notify()
+            if self._napping:
+                bell.ring()
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=5)
