@@ -41,6 +41,7 @@ TINY: dict[str, list[str]] = {
     "torch_layers.py": ["--sizes", "4", "--sweep", "0,4KiB", "--rounds", "1", "--target", "0.0005",
                         "--sweep-reps", "3"],
     "waits.py": ["--rounds", "1", "--target", "0.0005"],
+    "late.py": ["--rounds", "4"],
     "scale.py": ["--ranks", "2", "--rounds", "1", "--target", "0.0005", "--timeout-s", "0.5",
                  "--out", "{out}", "--no-plot"],
     "debug_overhead.py": ["--calls", "20", "--rounds", "1"],
