@@ -60,11 +60,18 @@ class Pending:
         self.event = threading.Event()
         self.on_done = on_done
         self.start = time.monotonic()
-        masks = {w.bell for w in self.works}
         #: the bell mask of its one group (0: none, or works on several groups)
-        self.bell = masks.pop() if len(masks) == 1 else 0
-        self.spin = spin_for(sum(w.nbytes for w in self.works)) if self.bell else 0.0
+        self.bell = self.works[0].bell if self.works else 0
+        if self.bell and any(w.bell != self.bell for w in self.works):
+            self.bell = 0
+        self.spin = -1.0  # the spin for its bytes (spin_of), worked out when first asked
         self.on_bell = False  # a thread waits for it asleep on the bell (Engine.wait)
+
+    def spin_of(self) -> float:
+        """How long a wait for it spins while every member waits (:func:`~mpidist.core.waiting.spin_for`)."""
+        if self.spin < 0:
+            self.spin = spin_for(sum(w.nbytes for w in self.works))
+        return self.spin
 
     def test(self) -> bool:
         """``True`` once every request is complete (post-steps run here, exactly once)."""
@@ -201,7 +208,7 @@ class Engine:
             if not p.bell:
                 return 0, 0.0
             mask |= p.bell
-            spin = max(spin, p.spin)
+            spin = max(spin, p.spin_of())
         return mask, spin
 
     def _nap(self, mask: int, pause: float, spin_until: float) -> int | None:
@@ -240,7 +247,7 @@ class Engine:
                     self.poll()
                 return p.done
 
-            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=p.spin)):
+            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=p.spin_of())):
                 raise errors.runtime_error(
                     p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
         pause = FIRST_PAUSE
