@@ -49,7 +49,8 @@ static int pointer_handles;          /* 0: MPICH's int handles; 1: Open MPI's po
 static void *in_place;
 static PyObject *mpi_exception;
 static int quick_tests = 32, tests_per_yield = 4, clock_every = 4;
-static double spin_least = 0.003, spin_per_byte = 1 / 256e6, spin_most = 0.01, spin_alone = 0.0;
+static double spin_least = 0.003, spin_per_byte = 1 / 256e6, spin_most = 0.01, spin_alone = 0.0,
+              alone_per_byte = 0.0;
 
 /* Room for any MPI_Status (MPICH: 20 bytes, Open MPI: 24, the standard ABI: 32). MPI_Test
  * writes it on completion; a real status instead of MPI_STATUS_IGNORE, whose value differs
@@ -172,7 +173,7 @@ static PyObject *finish(request_t *r, int err, double bytes, unsigned long long 
         }
         if (!done) {
             double s = spin_least + bytes * spin_per_byte, t = now();
-            done = spin(r, 0, t + spin_alone, t + (s < spin_most ? s : spin_most), mask, &err);
+            done = spin(r, 0, t + spin_alone + bytes * alone_per_byte, t + (s < spin_most ? s : spin_most), mask, &err);
         }
         if ((done || err != 0) && entered)
             bell_enter(-1);
@@ -789,20 +790,22 @@ static PyObject *setup(PyObject *self, PyObject *args) {
 
 /* ---- the bell from Python (mpidist/core/bell.py) */
 
-/* bell_attach(address, local rank, alone): the mapped page (at least (local ranks + 1) * 64
- * bytes), and how long a wait spins while a member is not in a wait (seconds) */
+/* bell_attach(address, local rank, alone, alone per byte): the mapped page (at least (local
+ * ranks + 1) * 64 bytes), and how long a wait spins while a member is not in a wait (seconds,
+ * and seconds per byte the call moves) */
 static PyObject *py_bell_attach(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long at;
     int me;
-    double alone;
-    if (!PyArg_ParseTuple(args, "Kid", &at, &me, &alone))
+    double alone, per_byte = 0.0;
+    if (!PyArg_ParseTuple(args, "Kid|d", &at, &me, &alone, &per_byte))
         return NULL;
-    if (at == 0 || me < 0 || alone < 0) {
+    if (at == 0 || me < 0 || alone < 0 || per_byte < 0) {
         PyErr_SetString(PyExc_ValueError, "bell_attach: the address is 0, or the rank or time negative");
         return NULL;
     }
     spin_alone = alone;
+    alone_per_byte = per_byte;
     bell_me = me;
     bell_words = (uint32_t *)(uintptr_t)at;
     Py_RETURN_NONE;
@@ -896,7 +899,7 @@ static PyMethodDef methods[] = {
      "bind(ndarray, ReduceOp, ProcessGroup, Record, DType, Plan, AS_IS, call name, DType fields "
      "(name, kind, handle, extent), Plan fields (average, factor, lowprec, handle))"},
     {"bell_attach", py_bell_attach, METH_VARARGS,
-     "bell_attach(address, local rank, alone): use the node's bell page mapped at address."},
+     "bell_attach(address, local rank, alone[, alone per byte]): use the node's bell page mapped at address."},
     {"bell_enter", py_bell_enter, METH_O, "bell_enter(+1 | -1): start (and ring) or end a wait."},
     {"bell_ring", py_bell_ring, METH_NOARGS, "bell_ring(): wake the bell's sleepers, counting no wait."},
     {"bell_all_in", py_bell_all_in, METH_O, "bell_all_in(mask): every local rank of mask is in a wait."},

@@ -104,12 +104,13 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         # (docs/benchmarks.md, "Where ranks share cores")
         limit = seconds(pg.timeout) if timeout is None else timeout
         start = time.monotonic()
-        end = start + spin_for(nbytes_of(keep))
+        nbytes = nbytes_of(keep)
+        end = start + spin_for(nbytes)
         end = end if limit is None else min(end, start + limit)
         if mask:
             bell.enter()
         try:
-            if spin_on(test, end, mask, start + bell.alone):
+            if spin_on(test, end, mask, start + bell.alone_for(nbytes)):
                 return
             until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask))
         finally:
@@ -174,7 +175,9 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     comm = pg.comm
     heard: dict[int, np.ndarray] = {}
     asked: set[int] = set()
-    backoff = Backoff(spin=spin, bell_mask=pg.bell if counted else 0, respin=spin_for(nbytes_of(keep)))
+    nbytes = nbytes_of(keep)
+    backoff = Backoff(spin=spin, bell_mask=pg.bell if counted else 0, respin=spin_for(nbytes),
+                      alone=bell.alone_for(nbytes))
 
     tests = [0]
 

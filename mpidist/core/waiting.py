@@ -69,20 +69,23 @@ class Backoff:
     (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
     ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin (``respin``
     seconds) runs while every member is in a wait, the pauses are spent asleep on the bell, and a
-    ring ends the pause and starts the spin again, for :data:`mpidist.core.bell.alone` only while a
-    member is still away.
+    ring ends the pause and starts the spin again, for ``alone`` seconds only while a member is
+    still away (:func:`mpidist.core.bell.alone_for` the call's bytes; default
+    :data:`mpidist.core.bell.alone`).
     """
 
-    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin")
+    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin", "alone")
 
     def __init__(self, first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE,
-                 spin: float = 0.0, bell_mask: int = 0, respin: float = 0.0) -> None:
+                 spin: float = 0.0, bell_mask: int = 0, respin: float = 0.0,
+                 alone: float | None = None) -> None:
         self.first = first
         self.longest = longest
         self.pause = first
         self.spin_until = time.monotonic() + spin if spin else 0.0
         self.bell = bell_mask
         self.respin = respin
+        self.alone = bell.alone if alone is None else alone
         if bell_mask:  # the spin runs only while every member waits: give it its window now
             self.spin_until = max(self.spin_until, time.monotonic() + respin)
 
@@ -120,7 +123,7 @@ class Backoff:
         if seen == bell.RANG:  # a member arrived: the others may follow within a time slice
             self.pause = self.first
             now = time.monotonic()
-            self.spin_until, alone = now + self.respin, now + bell.alone
+            self.spin_until, alone = now + self.respin, now + self.alone
             end = self.spin_until if deadline is None else min(self.spin_until, deadline)
         if spin_on(done, end, self.bell, alone):
             return None

@@ -47,7 +47,7 @@ class Pending:
     """One torch-level operation: its mpidist works and the torch future to complete."""
 
     __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start",
-                 "bell", "spin", "on_bell")
+                 "bell", "spin", "alone", "on_bell")
 
     def __init__(self, works: Sequence[MpiWork], future: Any, value: Any, call: str,
                  on_done: Callable[[], None] | None = None) -> None:
@@ -64,14 +64,17 @@ class Pending:
         self.bell = self.works[0].bell if self.works else 0
         if self.bell and any(w.bell != self.bell for w in self.works):
             self.bell = 0
-        self.spin = -1.0  # the spin for its bytes (spin_of), worked out when first asked
+        self.spin = self.alone = -1.0  # the spins for its bytes (spin_of), worked out when first asked
         self.on_bell = False  # a thread waits for it asleep on the bell (Engine.wait)
 
-    def spin_of(self) -> float:
-        """How long a wait for it spins while every member waits (:func:`~mpidist.core.waiting.spin_for`)."""
+    def spin_of(self) -> tuple[float, float]:
+        """How long a wait for it spins while every member waits
+        (:func:`~mpidist.core.waiting.spin_for`), and while one does not
+        (:func:`~mpidist.core.bell.alone_for`), for its bytes."""
         if self.spin < 0:
-            self.spin = spin_for(sum(w.nbytes for w in self.works))
-        return self.spin
+            nbytes = sum(w.nbytes for w in self.works)
+            self.spin, self.alone = spin_for(nbytes), bell.alone_for(nbytes)
+        return self.spin, self.alone
 
     def test(self) -> bool:
         """``True`` once every request is complete (post-steps run here, exactly once)."""
@@ -165,6 +168,7 @@ class Engine:
         pause = FIRST_PAUSE
         quick = 0  # polls since the last submission or completion, each followed by a yield
         spin_until = 0.0  # on the bell: spin while every member waits, until then
+        alone_until = 0.0  # and whoever waits, until then (a large message's bytes)
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
@@ -172,9 +176,10 @@ class Engine:
                     pause, quick = FIRST_PAUSE, 0
                 if self._stop:
                     return
-                mask, spin = self._bell()
+                mask, spin, alone = self._bell()
             if quick == 0:
-                spin_until = time.monotonic() + spin
+                now = time.monotonic()
+                spin_until, alone_until = now + spin, now + alone
             if self.poll():
                 pause, quick = FIRST_PAUSE, 0
                 continue
@@ -184,6 +189,9 @@ class Engine:
                 os.sched_yield()
                 continue
             if mask:
+                if time.monotonic() < alone_until and spin_on(self._news(), alone_until):
+                    pause, quick = FIRST_PAUSE, 0  # a large message moves while it is tested
+                    continue
                 seen = self._nap(mask, pause, spin_until)
                 if seen is None:  # news: a submission or a completion
                     pause, quick = FIRST_PAUSE, 0
@@ -200,26 +208,30 @@ class Engine:
                     else:
                         pause = min(pause * 2, MAX_PAUSE)
 
-    def _bell(self) -> tuple[int, float]:
-        """The pending work's bell mask (every member of each group; 0 where any has none) and
-        the longest spin among them. Under the condition's lock."""
-        mask, spin = 0, 0.0
+    def _bell(self) -> tuple[int, float, float]:
+        """The pending work's bell mask (every member of each group; 0 where any has none), the
+        longest spin among them while every member waits, and the longest spin for their bytes
+        whoever waits (:func:`mpidist.core.bell.alone_for` past its part for no bytes: this
+        thread runs beside backward's compute). Under the condition's lock."""
+        mask, spin, alone = 0, 0.0, 0.0
         for p in self._pending:
             if not p.bell:
-                return 0, 0.0
+                return 0, 0.0, 0.0
             mask |= p.bell
-            spin = max(spin, p.spin_of())
-        return mask, spin
+            s, a = p.spin_of()
+            spin, alone = max(spin, s), max(alone, a - bell.alone)
+        return mask, spin, alone
+
+    def _news(self) -> Callable[[], bool]:
+        """A test for news since now: a submission, or work that finished (polled)."""
+        submitted = self._submitted
+        return lambda: self._submitted != submitted or self.poll() > 0
 
     def _nap(self, mask: int, pause: float, spin_until: float) -> int | None:
         """One pause on the bell (:func:`mpidist.core.bell.nap`): ``None`` on news (a submission,
         or work finished), else :data:`~mpidist.core.bell.RANG`, or ``SLEPT`` (also after a spin
         while every member waited)."""
-        submitted = self._submitted
-
-        def news() -> bool:
-            return self._submitted != submitted or self.poll() > 0
-
+        news = self._news()
         self._napping = True
         try:
             seen = bell.nap(news, pause, mask, time.monotonic() < spin_until)
@@ -247,7 +259,8 @@ class Engine:
                     self.poll()
                 return p.done
 
-            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=p.spin_of())):
+            spin, alone = p.spin_of()
+            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=spin, alone=alone)):
                 raise errors.runtime_error(
                     p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
         pause = FIRST_PAUSE
