@@ -263,6 +263,40 @@ def test_arrays_arrive_whole_aligned_and_writable(dist, rank, size, call, apart,
     still_works(dist, size)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("apart", [8, 1 << 62])
+def test_scatter_object_list_by_point_to_point(dist, rank, size, apart, monkeypatch):
+    """Past SCATTER_APART bytes (lowered to 0 here) each rank gets its pickle by MPI_Isend, its
+    buffers sent apart (8: every buffer of 8 bytes on) or in the head; the source keeps a copy."""
+    monkeypatch.setattr(objects, "SCATTER_APART", 0)
+    monkeypatch.setattr(objects, "APART", apart)
+    for src in range(size):
+        inputs = [odd_arrays(r) for r in range(size)] if rank == src else None
+        out = [None]
+        dist.scatter_object_list(out, inputs, src=src)
+        got, want = out[0], odd_arrays(rank)
+        assert same(got[:5] + got[6:], want[:5] + want[6:]) and got[5] == want[5], src
+        for a in got:
+            if isinstance(a, np.ndarray) and a.size:
+                assert a.flags.aligned and a.flags.writeable, (src, a.dtype)
+        if rank == src:  # a copy, as every other rank gets: writing it leaves the input alone
+            got[0][...] = -1
+            assert same(inputs[rank], odd_arrays(rank))
+    still_works(dist, size)
+
+
+@pytest.mark.mpi
+def test_scatter_object_list_of_large_arrays(dist, rank, size):
+    """2 MiB to every rank (by point to point at the default threshold), checked on every rank."""
+    n = 2 << 20
+    src = size - 1
+    inputs = [np.full(n, r % 251, np.uint8) for r in range(size)] if rank == src else None
+    out = [None]
+    dist.scatter_object_list(out, inputs, src=src)
+    ok = out[0].shape == (n,) and bool(np.all(out[0] == rank % 251))
+    assert all(gathered(dist, ok))
+
+
 UNPICKLABLE = {
     "all_gather_object": lambda d, bad, r, n: d.all_gather_object([None] * n, bad if r == n - 1 else r),
     "gather_object": lambda d, bad, r, n: d.gather_object(bad if r == n - 1 else r,
