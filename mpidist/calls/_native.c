@@ -6,7 +6,7 @@
  * starts the nonblocking routine (MPI_Iallreduce in place, MPI_Ibcast, MPI_Ibarrier) and runs the
  * start and the spin of mpidist.core.timeouts.wait in C: one MPI_Test, then QUICK_TESTS tests in
  * runs of TESTS_PER_YIELD with sched_yield between runs, then the same runs until the spin ends
- * (SPIN_LEAST + bytes * SPIN_PER_BYTE seconds, at most SPIN), the GIL released. What is still
+ * (SPIN_LEAST + bytes * SPIN_PER_BYTE seconds, at most SPIN_MOST), the GIL released. What is still
  * incomplete then goes back to Python as the request's handle, and the bounded wait (notices,
  * the group's timeout) goes on there.
  *
@@ -120,11 +120,14 @@ static int bell_all_in(unsigned long long mask) {
 }
 
 /* Tests in runs of tests_per_yield, a sched_yield after each run, until done (1), an MPI error
- * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until while
- * every member of the bell mask is in a wait, or passes alone while one is not. */
+ * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until, or a
+ * member of the bell mask has been out of a wait for alone seconds (since the spin began, or
+ * since every member was last seen in one: a member that did its part leaves this rank's part
+ * of a large message to move, which moves only while it tests). */
 static int spin(request_t *r, int rounds, double alone, double until, unsigned long long mask, int *err) {
     status_t st;
     int flag = 0;
+    double last_in = until > 0 ? now() : 0.0;
     for (int i = 0; until > 0 || i < rounds; i++) {
         for (int k = 0; k < tests_per_yield; k++) {
             if ((*err = test(r, &flag, &st)) != 0 || flag)
@@ -133,8 +136,14 @@ static int spin(request_t *r, int rounds, double alone, double until, unsigned l
         sched_yield();
         if (until > 0 && (i + 1) % clock_every == 0) {
             double t = now();
-            if (t >= until || (t >= alone && !bell_all_in(mask)))
+            if (t >= until)
                 return 0;
+            if (mask) {
+                if (bell_all_in(mask))
+                    last_in = t;
+                else if (t >= last_in + alone)
+                    return 0;
+            }
         }
     }
     return 0;
@@ -173,7 +182,7 @@ static PyObject *finish(request_t *r, int err, double bytes, unsigned long long 
         }
         if (!done) {
             double s = spin_least + bytes * spin_per_byte, t = now();
-            done = spin(r, 0, t + spin_alone + bytes * alone_per_byte, t + (s < spin_most ? s : spin_most), mask, &err);
+            done = spin(r, 0, spin_alone + bytes * alone_per_byte, t + (s < spin_most ? s : spin_most), mask, &err);
         }
         if ((done || err != 0) && entered)
             bell_enter(-1);

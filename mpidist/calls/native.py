@@ -121,7 +121,7 @@ def enable(on: bool = True) -> str:
     try:
         module.setup(*at, abi == "openmpi", -1 if abi == "mpich" else 1, MPI.Exception,
                      timeouts.QUICK_TESTS, waiting.TESTS_PER_YIELD, waiting.CLOCK_EVERY,
-                     waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN)
+                     waiting.SPIN_LEAST, waiting.SPIN_PER_BYTE, waiting.SPIN_MOST)
     except TypeError as exc:  # an in-place build older than this file: run without it
         why_not = f"the built C module does not match this mpidist (rebuild it: {exc})"
         return why_not

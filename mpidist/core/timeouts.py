@@ -42,7 +42,7 @@ from . import bell, errors, faults, groups
 from .groups import ProcessGroup
 from .reports import call_id, report
 from .tags import NOTICE
-from .waiting import SPIN, TESTS_PER_YIELD, Backoff, nbytes_of, poll, seconds, spin_for, spin_on
+from .waiting import SPIN, TESTS_PER_YIELD, Backoff, longest_for, nbytes_of, poll, seconds, spin_for, spin_on
 
 GAVE_UP, WAITING = 1, 2  # what a notice says of its sender: it gave up, or it answers one that did
 _NOTICE_LEN = 5  # sequence number, call id, state, seconds waited (milliseconds), group token
@@ -110,7 +110,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         if mask:
             bell.enter()
         try:
-            if spin_on(test, end, mask, start + bell.alone_for(nbytes)):
+            if spin_on(test, end, mask, bell.alone_for(nbytes)):
                 return
             until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask))
         finally:
@@ -176,8 +176,8 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     heard: dict[int, np.ndarray] = {}
     asked: set[int] = set()
     nbytes = nbytes_of(keep)
-    backoff = Backoff(spin=spin, bell_mask=pg.bell if counted else 0, respin=spin_for(nbytes),
-                      alone=bell.alone_for(nbytes))
+    backoff = Backoff(longest=longest_for(nbytes), spin=spin, bell_mask=pg.bell if counted else 0,
+                      respin=spin_for(nbytes), alone=bell.alone_for(nbytes))
 
     tests = [0]
 

@@ -26,8 +26,12 @@ FIRST_PAUSE = 20e-6
 LONGEST_PAUSE = 1e-3
 #: How long a wait for a call's completion tests back to back, yielding the core in between,
 #: before it starts to sleep (seconds): ``SPIN_LEAST``, plus ``SPIN_PER_BYTE`` for each byte the
-#: call moves, up to ``SPIN``. MPI moves a message on one node only while it is tested, so a
-#: large one needs the spin (2 ms made 1 MiB 1.40x slower once). A wait longer than its message
+#: call moves, up to ``SPIN_MOST``. MPI moves a message on one node only while it is tested, so a
+#: large one needs the spin (2 ms made 1 MiB 1.40x slower once), for as long as its bytes take:
+#: past the spin a test comes once a pause (up to 1 ms) and moves a few shared-memory cells, so
+#: a gather of 16 MiB from each of 4 ranks on 2 cores, 27 ms in mpi4py, took 3-4 s when the spin
+#: stopped at 10 ms whatever the bytes (``SPIN``, now the spin of a wait that moves no bytes of
+#: its own, as a probe for a message). A wait longer than its message
 #: needs is for a peer still computing, and a rank that spins then takes a share of the core
 #: from it (or from torch's threads) even while yielding: 10 ms for every call gave a small
 #: model's DDP steps 23-36 ms outliers (gloo: 5-13 ms) in 11 of 17 runs at 2 ranks x 2 threads
@@ -35,12 +39,28 @@ LONGEST_PAUSE = 1e-3
 #: cores").
 SPIN = 0.01
 SPIN_LEAST = 0.003
-SPIN_PER_BYTE = 1 / 256e6  # 1 MiB: 7 ms; from about 1.8 MiB: SPIN
+SPIN_PER_BYTE = 1 / 256e6  # 1 MiB: 7 ms; 16 MiB: 68 ms
+SPIN_MOST = 1.0
+
+
+#: Past its spin a wait for a call that moves more than this many bytes sleeps shorter pauses,
+#: in proportion (1 MiB: 250 us; 16 MiB: ``FIRST_PAUSE``): a large message moves a few
+#: shared-memory cells per test, and one that its peers left to move (they did their part and
+#: went on) would crawl at one test a millisecond (a 16 MiB gather at 4 ranks on 2 cores
+#: sometimes took 1.7 s, against mpi4py's 27 ms, with 1 ms pauses).
+PAUSE_BYTES = 256 << 10
+
+
+def longest_for(nbytes: int) -> float:
+    """The longest pause of a wait, past its spin, for a call that moves ``nbytes`` bytes."""
+    if nbytes <= PAUSE_BYTES:
+        return LONGEST_PAUSE
+    return max(FIRST_PAUSE, LONGEST_PAUSE * PAUSE_BYTES / nbytes)
 
 
 def spin_for(nbytes: int) -> float:
     """The spin before sleeping for a call that moves ``nbytes`` bytes."""
-    return min(SPIN, SPIN_LEAST + nbytes * SPIN_PER_BYTE)
+    return min(SPIN_MOST, SPIN_LEAST + nbytes * SPIN_PER_BYTE)
 
 
 def nbytes_of(keep: Any, depth: int = 3) -> int:
@@ -119,13 +139,11 @@ class Backoff:
         if seen == bell.SLEPT:
             self.pause = min(self.pause * 2, self.longest)
             return True
-        alone = 0.0
         if seen == bell.RANG:  # a member arrived: the others may follow within a time slice
             self.pause = self.first
-            now = time.monotonic()
-            self.spin_until, alone = now + self.respin, now + self.alone
+            self.spin_until = time.monotonic() + self.respin
             end = self.spin_until if deadline is None else min(self.spin_until, deadline)
-        if spin_on(done, end, self.bell, alone):
+        if spin_on(done, end, self.bell, self.alone):
             return None
         return True
 
@@ -146,9 +164,12 @@ CLOCK_EVERY = 4
 
 def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: float = 0.0) -> bool:
     """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
-    true or ``end`` passes; with a bell mask (:mod:`.bell`) only while every member is in a
-    wait, or until ``alone`` while one is not."""
+    true or ``end`` passes; with a bell mask (:mod:`.bell`) only until a member has been out of
+    a wait for ``alone`` seconds, counted from the start or from when every member was last seen
+    in one (a member that has done its part of a large message leaves this rank's part to move,
+    and it moves only while this rank tests)."""
     yield_ = os.sched_yield
+    last_in = time.monotonic()
     while True:
         for _ in range(CLOCK_EVERY):
             for _ in range(TESTS_PER_YIELD):
@@ -156,8 +177,13 @@ def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: flo
                     return True
             yield_()
         now = time.monotonic()
-        if now >= end or (bell_mask and now >= alone and not bell.all_in(bell_mask)):
+        if now >= end:
             return False
+        if bell_mask:
+            if bell.all_in(bell_mask):
+                last_in = now
+            elif now >= last_in + alone:
+                return False
 
 
 def poll(done: Callable[[], bool], deadline: float | None,

@@ -238,7 +238,7 @@ class Engine:
         finally:
             self._napping = False
         if seen == bell.ALL_IN:
-            return None if spin_on(news, spin_until, mask, time.monotonic() + bell.alone) else bell.SLEPT
+            return None if spin_on(news, spin_until, mask, bell.alone) else bell.SLEPT
         return seen
 
     def wait(self, p: Pending, timeout: float | None = None) -> None:

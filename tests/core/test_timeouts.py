@@ -235,7 +235,7 @@ def test_ddp_raises_when_a_rank_stops_stepping(tw, rank, size, sync_bytes, monke
 def test_the_spin_before_sleeping_grows_with_the_bytes_a_call_moves():
     from mpi4py import MPI
 
-    from mpidist.core.waiting import SPIN, SPIN_LEAST, nbytes_of, spin_for
+    from mpidist.core.waiting import SPIN_LEAST, SPIN_MOST, SPIN_PER_BYTE, nbytes_of, spin_for
 
     a, b = np.ones(7000, np.float32), np.ones(3, np.int64)
     # the shapes a wait's ``keep`` takes: an array, an in-place all_reduce's arguments, a list
@@ -243,8 +243,9 @@ def test_the_spin_before_sleeping_grows_with_the_bytes_a_call_moves():
     assert nbytes_of((MPI.IN_PLACE, [a, MPI.FLOAT], MPI.SUM)) == a.nbytes
     assert nbytes_of(([a, b], memoryview(b))) == a.nbytes + 2 * b.nbytes
     assert nbytes_of(None) == 0
-    assert spin_for(0) == SPIN_LEAST < spin_for(a.nbytes) < spin_for(1 << 20) <= SPIN
-    assert spin_for(1 << 30) == SPIN
+    assert spin_for(0) == SPIN_LEAST < spin_for(a.nbytes) < spin_for(1 << 20) < spin_for(16 << 20)
+    assert spin_for(16 << 20) == pytest.approx(SPIN_LEAST + (16 << 20) * SPIN_PER_BYTE)  # the bytes' time
+    assert spin_for(1 << 40) == SPIN_MOST
 
 
 @pytest.mark.mpi(min_size=2)
@@ -268,3 +269,24 @@ def test_with_persistent_requests_ranks_that_disagree_raise_at_the_group_timeout
     texts = gathered(dist, None if got is None else type(got).__name__)
     assert texts == ["GroupTimeoutError"] * size, texts
     assert g.broken
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_large_gather_moves_while_the_senders_go_on(dist, rank, size):
+    """16 MiB from every rank to rank 0; each rank that sent goes on at once and computes for
+    1.5 s (here: sleeps), out of any wait. What is left of the gather (the root taking the last
+    sends, or a rank of MPI's tree passing 32 MiB on) moves only while its ranks test, so their
+    waits must keep testing for as long as their bytes take, though a member is away: when they
+    slept instead, rank 0's gather took 3-4 s at 4 ranks on 2 cores (mpi4py: 27 ms)."""
+    n = 16 << 20
+    x = np.full(n, rank % 251, np.uint8)
+    into = [np.empty(n, np.uint8) for _ in range(size)] if rank == 0 else None
+    dist.barrier()
+    t0 = time.monotonic()
+    dist.gather(x, into, dst=0)
+    took = time.monotonic() - t0
+    if rank != 0:
+        time.sleep(1.5)
+    ok = rank != 0 or (took < 1.0 and all(bool(np.all(a == r % 251)) for r, a in enumerate(into)))
+    got = gathered(dist, (ok, round(took, 3)))
+    assert all(o for o, _ in got), got
