@@ -109,6 +109,17 @@ static void bell_enter(int delta) {
         bell_ring();
 }
 
+/* the local ranks of mask that are in a wait, as bits of mask */
+static unsigned long long bell_in_bits(unsigned long long mask) {
+    unsigned long long in = 0;
+    if (bell_words == NULL)
+        return mask;
+    for (int i = 0; (mask >> i) != 0; i++)
+        if (((mask >> i) & 1) && __atomic_load_n(bell_slot(i), __ATOMIC_SEQ_CST) != 0)
+            in |= 1ULL << i;
+    return in;
+}
+
 /* every local rank in mask is in a wait (mask 0: the group is not on one node: spin as ever) */
 static int bell_all_in(unsigned long long mask) {
     if (bell_words == NULL || mask == 0)
@@ -121,13 +132,16 @@ static int bell_all_in(unsigned long long mask) {
 
 /* Tests in runs of tests_per_yield, a sched_yield after each run, until done (1), an MPI error
  * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until, or a
- * member of the bell mask has been out of a wait for alone seconds (since the spin began, or
- * since every member was last seen in one: a member that did its part leaves this rank's part
- * of a large message to move, which moves only while it tests). */
-static int spin(request_t *r, int rounds, double alone, double until, unsigned long long mask, int *err) {
+ * member of the bell mask is out of a wait, since the spin began or every member was last seen
+ * in one: for alone seconds while one of them has not been seen in a wait (it has not arrived),
+ * for gone seconds once each has (those out did their part, and this rank's part of a large
+ * message moves only while it tests). */
+static int spin(request_t *r, int rounds, double alone, double gone, double until, unsigned long long mask,
+                int *err) {
     status_t st;
     int flag = 0;
     double last_in = until > 0 ? now() : 0.0;
+    unsigned long long seen = 0;
     for (int i = 0; until > 0 || i < rounds; i++) {
         for (int k = 0; k < tests_per_yield; k++) {
             if ((*err = test(r, &flag, &st)) != 0 || flag)
@@ -138,10 +152,12 @@ static int spin(request_t *r, int rounds, double alone, double until, unsigned l
             double t = now();
             if (t >= until)
                 return 0;
-            if (mask) {
-                if (bell_all_in(mask))
+            if (mask && bell_words != NULL) {
+                unsigned long long in = bell_in_bits(mask);
+                seen |= in;
+                if (in == mask)
                     last_in = t;
-                else if (t >= last_in + alone)
+                else if (t >= last_in + (seen == mask ? gone : alone))
                     return 0;
             }
         }
@@ -175,14 +191,15 @@ static PyObject *finish(request_t *r, int err, double bytes, unsigned long long 
     if (!flag) {
         int done, entered = 0;
         Py_BEGIN_ALLOW_THREADS
-        done = spin(r, quick_tests / tests_per_yield, 0.0, 0.0, 0, &err);
+        done = spin(r, quick_tests / tests_per_yield, 0.0, 0.0, 0.0, 0, &err);
         if (!done && mask && bell_words != NULL) {
             bell_enter(1);
             entered = 1;
         }
         if (!done) {
             double s = spin_least + bytes * spin_per_byte, t = now();
-            done = spin(r, 0, spin_alone + bytes * alone_per_byte, t + (s < spin_most ? s : spin_most), mask, &err);
+            done = spin(r, 0, spin_alone, spin_alone + bytes * alone_per_byte, t + (s < spin_most ? s : spin_most),
+                        mask, &err);
         }
         if ((done || err != 0) && entered)
             bell_enter(-1);
@@ -829,6 +846,14 @@ static PyObject *py_bell_enter(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_bell_in(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long long mask = PyLong_AsUnsignedLongLongMask(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLongLong(bell_in_bits(mask));
+}
+
 static PyObject *py_bell_all_in(PyObject *self, PyObject *arg) {
     (void)self;
     unsigned long long mask = PyLong_AsUnsignedLongLongMask(arg);
@@ -911,6 +936,7 @@ static PyMethodDef methods[] = {
      "bell_attach(address, local rank, alone[, alone per byte]): use the node's bell page mapped at address."},
     {"bell_enter", py_bell_enter, METH_O, "bell_enter(+1 | -1): start (and ring) or end a wait."},
     {"bell_ring", py_bell_ring, METH_NOARGS, "bell_ring(): wake the bell's sleepers, counting no wait."},
+    {"bell_in", py_bell_in, METH_O, "bell_in(mask) -> the bits of mask whose local ranks are in a wait."},
     {"bell_all_in", py_bell_all_in, METH_O, "bell_all_in(mask): every local rank of mask is in a wait."},
     {"bell_arm", py_bell_arm, METH_NOARGS, "bell_arm() -> rings: count as a sleeper (test once more, then sleep)."},
     {"bell_disarm", py_bell_disarm, METH_NOARGS, "bell_disarm(): no sleep after bell_arm after all."},

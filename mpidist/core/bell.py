@@ -40,14 +40,14 @@ MOST_LOCAL = 64
 #: ranks per core): in a loop of calls, ranks that share cores arrive within a round of the
 #: scheduler of each other; a rank that computes or loads data arrives much later.
 ALONE_PER_RANK = 2e-4
-#: And this much longer per byte the call moves (as the wait's whole spin,
-#: :data:`mpidist.core.waiting.SPIN_PER_BYTE`: 16 MiB, 65 ms), counted again from each moment
-#: every member is seen in a wait: a member that is not in one may have done its part of the
-#: call already, while this rank's part (copying a large message out of shared memory, or on to
-#: the next rank of a tree) moves only while it tests. Gather and broadcast of 1-16 MiB at 2
-#: ranks were 4-8 % slower than mpi4py's without it; a gather of 16 MiB from each of 4 ranks on
-#: 2 cores took 3-4 s (mpi4py: 27 ms), and still 0.4 s at 1 GB/s: the ranks that had sent went
-#: on, and the two still moving 32 MiB between them slept.
+#: Once every member has been seen in a wait, this much longer per byte the call moves (as the
+#: wait's whole spin, :data:`mpidist.core.waiting.SPIN_PER_BYTE`: 16 MiB, 65 ms), counted from
+#: the start or from when every member was last in one at once: a member out of its wait then
+#: has done its part of the call, while this rank's part (copying a large message out of shared
+#: memory, or on to the next rank of a tree) moves only while it tests. Gather and broadcast of
+#: 1-16 MiB at 2 ranks were 4-8 % slower than mpi4py's without it; a gather of 16 MiB from each
+#: of 4 ranks on 2 cores took 3-4 s (mpi4py: 27 ms): the ranks that had sent went on, and the
+#: two still moving 32 MiB between them slept.
 ALONE_PER_BYTE = 1 / 256e6
 #: ``MPIDIST_BELL=0`` turns the bell off (every wait spins and backs off as before).
 ALLOWED = os.environ.get("MPIDIST_BELL", "1").strip().lower() not in ("0", "off", "false", "no")
@@ -135,7 +135,8 @@ def _map(node: MPI.Intracomm) -> None:
 
 
 def alone_for(nbytes: int) -> float:
-    """How long a wait for a call moving ``nbytes`` spins while a member is not in a wait."""
+    """How long a wait for a call moving ``nbytes`` spins while a member is out of a wait, once
+    every member has been seen in one; before, a member out has not arrived: :data:`alone`."""
     return alone + nbytes * ALONE_PER_BYTE
 
 
@@ -201,6 +202,11 @@ def leave() -> None:
 def ring() -> None:
     """Wake whoever sleeps on the bell, counting no wait (one atomic load where nobody sleeps)."""
     _impl.bell_ring()
+
+
+def in_now(bits: int) -> int:
+    """The bits of the mask ``bits`` whose members are in a wait now."""
+    return _impl.bell_in(bits)
 
 
 def all_in(bits: int) -> bool:

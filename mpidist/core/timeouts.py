@@ -110,7 +110,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         if mask:
             bell.enter()
         try:
-            if spin_on(test, end, mask, bell.alone_for(nbytes)):
+            if spin_on(test, end, mask, bell.alone, bell.alone_for(nbytes)):
                 return
             until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask))
         finally:
@@ -177,7 +177,7 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     asked: set[int] = set()
     nbytes = nbytes_of(keep)
     backoff = Backoff(longest=longest_for(nbytes), spin=spin, bell_mask=pg.bell if counted else 0,
-                      respin=spin_for(nbytes), alone=bell.alone_for(nbytes))
+                      respin=spin_for(nbytes), gone=bell.alone_for(nbytes))
 
     tests = [0]
 

@@ -89,23 +89,23 @@ class Backoff:
     (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
     ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin (``respin``
     seconds) runs while every member is in a wait, the pauses are spent asleep on the bell, and a
-    ring ends the pause and starts the spin again, for ``alone`` seconds only while a member is
-    still away (:func:`mpidist.core.bell.alone_for` the call's bytes; default
-    :data:`mpidist.core.bell.alone`).
+    ring ends the pause and starts the spin again, while a member is out of a wait for
+    :data:`mpidist.core.bell.alone` as long as one has not been seen in a wait, then for
+    ``gone`` (:func:`mpidist.core.bell.alone_for` the call's bytes; default: the same).
     """
 
-    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin", "alone")
+    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin", "gone")
 
     def __init__(self, first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE,
                  spin: float = 0.0, bell_mask: int = 0, respin: float = 0.0,
-                 alone: float | None = None) -> None:
+                 gone: float | None = None) -> None:
         self.first = first
         self.longest = longest
         self.pause = first
         self.spin_until = time.monotonic() + spin if spin else 0.0
         self.bell = bell_mask
         self.respin = respin
-        self.alone = bell.alone if alone is None else alone
+        self.gone = gone
         if bell_mask:  # the spin runs only while every member waits: give it its window now
             self.spin_until = max(self.spin_until, time.monotonic() + respin)
 
@@ -143,7 +143,7 @@ class Backoff:
             self.pause = self.first
             self.spin_until = time.monotonic() + self.respin
             end = self.spin_until if deadline is None else min(self.spin_until, deadline)
-        if spin_on(done, end, self.bell, self.alone):
+        if spin_on(done, end, self.bell, bell.alone, self.gone):
             return None
         return True
 
@@ -162,14 +162,18 @@ TESTS_PER_YIELD = 4
 CLOCK_EVERY = 4
 
 
-def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: float = 0.0) -> bool:
+def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: float = 0.0,
+            gone: float | None = None) -> bool:
     """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
     true or ``end`` passes; with a bell mask (:mod:`.bell`) only until a member has been out of
-    a wait for ``alone`` seconds, counted from the start or from when every member was last seen
-    in one (a member that has done its part of a large message leaves this rank's part to move,
-    and it moves only while this rank tests)."""
+    a wait, since the start or since every member was last in one: for ``alone`` seconds while
+    one of them has not been seen in a wait (it has not arrived), for ``gone`` (default
+    ``alone``) once each has (those out did their part, and this rank's part of a large message
+    moves only while it tests)."""
     yield_ = os.sched_yield
     last_in = time.monotonic()
+    seen = 0
+    gone = alone if gone is None else gone
     while True:
         for _ in range(CLOCK_EVERY):
             for _ in range(TESTS_PER_YIELD):
@@ -180,9 +184,11 @@ def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: flo
         if now >= end:
             return False
         if bell_mask:
-            if bell.all_in(bell_mask):
+            in_ = bell.in_now(bell_mask)
+            seen |= in_
+            if in_ == bell_mask:
                 last_in = now
-            elif now >= last_in + alone:
+            elif now >= last_in + (gone if seen == bell_mask else alone):
                 return False
 
 

@@ -168,7 +168,6 @@ class Engine:
         pause = FIRST_PAUSE
         quick = 0  # polls since the last submission or completion, each followed by a yield
         spin_until = 0.0  # on the bell: spin while every member waits, until then
-        alone_until = 0.0  # and whoever waits, until then (a large message's bytes)
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
@@ -176,10 +175,9 @@ class Engine:
                     pause, quick = FIRST_PAUSE, 0
                 if self._stop:
                     return
-                mask, spin, alone = self._bell()
+                mask, spin, gone = self._bell()
             if quick == 0:
-                now = time.monotonic()
-                spin_until, alone_until = now + spin, now + alone
+                spin_until = time.monotonic() + spin
             if self.poll():
                 pause, quick = FIRST_PAUSE, 0
                 continue
@@ -189,10 +187,7 @@ class Engine:
                 os.sched_yield()
                 continue
             if mask:
-                if time.monotonic() < alone_until and spin_on(self._news(), alone_until):
-                    pause, quick = FIRST_PAUSE, 0  # a large message moves while it is tested
-                    continue
-                seen = self._nap(mask, pause, spin_until)
+                seen = self._nap(mask, pause, spin_until, gone)
                 if seen is None:  # news: a submission or a completion
                     pause, quick = FIRST_PAUSE, 0
                 elif seen == bell.RANG:  # a member arrived: test, and spin again while all wait
@@ -210,24 +205,23 @@ class Engine:
 
     def _bell(self) -> tuple[int, float, float]:
         """The pending work's bell mask (every member of each group; 0 where any has none), the
-        longest spin among them while every member waits, and the longest spin for their bytes
-        whoever waits (:func:`mpidist.core.bell.alone_for` past its part for no bytes: this
-        thread runs beside backward's compute). Under the condition's lock."""
-        mask, spin, alone = 0, 0.0, 0.0
+        longest spin among them while every member waits, and the longest once each member has
+        arrived (:func:`mpidist.core.bell.alone_for` their bytes). Under the condition's lock."""
+        mask, spin, gone = 0, 0.0, 0.0
         for p in self._pending:
             if not p.bell:
                 return 0, 0.0, 0.0
             mask |= p.bell
-            s, a = p.spin_of()
-            spin, alone = max(spin, s), max(alone, a - bell.alone)
-        return mask, spin, alone
+            s, g = p.spin_of()
+            spin, gone = max(spin, s), max(gone, g)
+        return mask, spin, gone
 
     def _news(self) -> Callable[[], bool]:
         """A test for news since now: a submission, or work that finished (polled)."""
         submitted = self._submitted
         return lambda: self._submitted != submitted or self.poll() > 0
 
-    def _nap(self, mask: int, pause: float, spin_until: float) -> int | None:
+    def _nap(self, mask: int, pause: float, spin_until: float, gone: float) -> int | None:
         """One pause on the bell (:func:`mpidist.core.bell.nap`): ``None`` on news (a submission,
         or work finished), else :data:`~mpidist.core.bell.RANG`, or ``SLEPT`` (also after a spin
         while every member waited)."""
@@ -238,7 +232,7 @@ class Engine:
         finally:
             self._napping = False
         if seen == bell.ALL_IN:
-            return None if spin_on(news, spin_until, mask, bell.alone) else bell.SLEPT
+            return None if spin_on(news, spin_until, mask, bell.alone, gone) else bell.SLEPT
         return seen
 
     def wait(self, p: Pending, timeout: float | None = None) -> None:
@@ -259,8 +253,8 @@ class Engine:
                     self.poll()
                 return p.done
 
-            spin, alone = p.spin_of()
-            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=spin, alone=alone)):
+            spin, gone = p.spin_of()
+            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=spin, gone=gone)):
                 raise errors.runtime_error(
                     p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
         pause = FIRST_PAUSE
