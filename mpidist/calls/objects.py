@@ -236,7 +236,7 @@ def scatter_object_list(scatter_object_output_list: list[Any],
     """``src``'s ``scatter_object_input_list[i]`` into rank i's ``scatter_object_output_list[0]``.
 
     Becomes ``MPI_Ibcast`` of the pickles' sizes, then ``MPI_Iscatterv`` of the pickles; from
-    :data:`SCATTER_APART` bytes in all, ``MPI_Isend`` of each rank's pickle, its large buffers
+    ``SCATTER_APART`` bytes in all, ``MPI_Isend`` of each rank's pickle, its large buffers
     sent as they are (``MPI_Iscatterv`` needs them copied into one buffer first).
     """
     call = scatter_object_list.call
