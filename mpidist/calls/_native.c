@@ -121,14 +121,7 @@ static unsigned long long bell_in_bits(unsigned long long mask) {
 }
 
 /* every local rank in mask is in a wait (mask 0: the group is not on one node: spin as ever) */
-static int bell_all_in(unsigned long long mask) {
-    if (bell_words == NULL || mask == 0)
-        return 1;
-    for (int i = 0; mask != 0; i++, mask >>= 1)
-        if ((mask & 1) && __atomic_load_n(bell_slot(i), __ATOMIC_SEQ_CST) == 0)
-            return 0;
-    return 1;
-}
+static int bell_all_in(unsigned long long mask) { return bell_in_bits(mask) == mask; }
 
 /* Tests in runs of tests_per_yield, a sched_yield after each run, until done (1), an MPI error
  * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until, or a
