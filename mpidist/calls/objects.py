@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from ..checks import debug
 from ..checks.fingerprint import LENGTH, ROOT, agree
 from ..core import errors
 from ..core.groups import ProcessGroup, group_rank_of, resolve
@@ -31,9 +32,18 @@ from .pickles import APART, INLINE, Pickled, datatype, load, pieces, read_head, 
 
 
 def _start(pg: ProcessGroup, sig: tuple | None = None) -> MPI.Intracomm:
-    """The group's communicator, taken right before the first MPI call, after the cross-rank
-    check of the call's signature ``sig`` (:func:`mpidist.calls.path.start`)."""
+    """The group's communicator, taken right before a collective's first MPI call, after the
+    cross-rank check of the call's signature ``sig`` (:func:`mpidist.calls.path.start`)."""
     start(pg, sig)
+    return pg.comm
+
+
+def _p2p(pg: ProcessGroup) -> MPI.Intracomm:
+    """The group's communicator for a point-to-point part: no call number, since
+    ``ProcessGroup.seq`` counts collectives, which every member makes alike (the bell's tickets
+    and the timeout's notices go by it); debug mode's record of the call is settled."""
+    if debug.LEVEL:
+        debug.check(pg, None)
     return pg.comm
 
 
@@ -294,7 +304,7 @@ SCATTER_APART = 1 << 20
 
 def _send(pg: ProcessGroup, call: Any, obj: Any, peer: int) -> None:
     """``obj`` to ``peer`` (:func:`_post`), waited on."""
-    reqs, msgs = _post(_start(pg), call, obj, peer)
+    reqs, msgs = _post(_p2p(pg), call, obj, peer)
     wait(reqs, pg, call, msgs)
 
 
@@ -316,7 +326,7 @@ def _post(comm: MPI.Intracomm, call: Any, obj: Any, peer: int) -> tuple[list[MPI
 def _recv(pg: ProcessGroup, call: Any, source: int, status: MPI.Status) -> Any:
     """The next object from ``source``: the head, whatever its size (``MPI_Improbe``,
     ``MPI_Imrecv``), then the buffers sent apart, from its sender on its channel."""
-    comm = _start(pg)
+    comm = _p2p(pg)
     tag = mpi_tag(0, call, OBJECTS)
     found: list[MPI.Message] = []
 

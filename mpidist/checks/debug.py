@@ -210,7 +210,7 @@ def _settle(p: _Pending, pg: ProcessGroup | None, sig: tuple | None, pairs: Any,
     if pg is None:
         return
     rec = signature.record_of(pg)
-    seq = rec.n + 1  # collectives only: the same on every rank (ProcessGroup.seq counts p2p too)
+    seq = rec.n + 1  # collectives that agreed: the same on every rank
     passing = exc is None and sig is not None  # the call path's check: on agreement, the call is counted
     pairwise = getattr(p.call.fingerprint, "pairwise", False)
     if not pairwise:

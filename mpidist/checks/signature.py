@@ -63,7 +63,7 @@ class Record:
     kinds checked, and the count at which the next check is due.
 
     ``n`` counts collectives only: point-to-point calls, which only some ranks make, leave it
-    alone (``ProcessGroup.seq`` counts them too), so it is the same on every rank.
+    alone, as ``ProcessGroup.seq`` does, so it is the same on every rank.
     """
 
     __slots__ = ("n", "sigs", "seen", "due")

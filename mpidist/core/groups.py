@@ -22,7 +22,8 @@ class ProcessGroup:
 
     ``comm`` is the raw ``mpi4py`` communicator (use it for anything mpidist lacks);
     ``ranks`` lists the members' global ranks, indexed by group rank. ``seq`` counts the
-    calls issued on the group; ``broken`` says why the group can no longer be used (a call
+    collectives issued on the group, the same on every member (point-to-point calls, which only
+    some make, leave it alone); ``broken`` says why the group can no longer be used (a call
     timed out, :mod:`mpidist.core.timeouts`), else ``None``.
     """
 

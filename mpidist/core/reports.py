@@ -41,7 +41,10 @@ def report(pg: ProcessGroup, call: Any, limit: float | None, waited: float,
     """The report of a give-up on ``pg``: ``heard`` maps group ranks to their notices, ``first``
     those that came before this rank's own deadline."""
     silent = [pg.ranks[r] for r in range(pg._size) if r != pg._rank and r not in heard]
-    where = f"{call} #{pg.seq} on group {pg.group_name!r} (global ranks {ranklists.ranges(pg.ranks)})"
+    # a collective's number is the same on every member; a point-to-point call has none of its own
+    number = (f"#{pg.seq}" if getattr(call, "fingerprint", 0) is not None
+              else f"(point to point, after call #{pg.seq})")
+    where = f"{call} {number} on group {pg.group_name!r} (global ranks {ranklists.ranges(pg.ranks)})"
     if first and (limit is None or waited < limit):
         r, msg = min(first.items())
         why = (f"{where}: Timed out after {waited:.3g} s here, since rank {pg.ranks[r]} gave up on "

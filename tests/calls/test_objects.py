@@ -321,3 +321,26 @@ def test_an_object_that_cannot_be_pickled_raises_on_every_rank(dist, rank, size,
         assert isinstance(info.value, ValueError), info.value
         assert f"{call}: rank {rank}: rank {size - 1} could not pickle" in str(info.value)
     still_works(dist, size)
+
+
+@pytest.mark.mpi
+def test_point_to_point_object_calls_leave_the_call_number_alone(dist, rank, size, monkeypatch):
+    """``ProcessGroup.seq`` numbers the group's collectives alike on every member (timeout
+    reports, notices and the bell's tickets go by it): ``send_object_list`` and
+    ``recv_object_list``, which only some ranks make, and the point-to-point path of
+    ``scatter_object_list`` must not count on some ranks only."""
+    monkeypatch.setattr(objects, "SCATTER_APART", 0)
+    world = dist.group.WORLD
+    before = world.seq
+    for _ in range(3):
+        if size > 1 and rank == 0:
+            dist.send_object_list([{"n": 1}, np.arange(5)], dst=1)
+        elif size > 1 and rank == 1:
+            got = [None, None]
+            dist.recv_object_list(got, src=0)
+            assert got[0] == {"n": 1} and np.array_equal(got[1], np.arange(5))
+    out = [None]
+    dist.scatter_object_list(out, [r * 10 for r in range(size)] if rank == 0 else None, src=0)
+    assert out[0] == rank * 10
+    seqs = gathered(dist, (before, world.seq))
+    assert len(set(seqs)) == 1 and seqs[0][1] == before + 1, seqs
