@@ -28,6 +28,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 #ifdef __linux__
 #include <linux/futex.h>
@@ -79,7 +80,8 @@ static int test(request_t *r, int *flag, status_t *st) {
 /* ---- The node's bell (mpidist/core/bell.py): a page of shared memory that every rank of the node
  * maps. Word 0 is a futex that a rank rings when it starts a call and some rank of the node sleeps
  * on it (word 1 counts the sleepers); then one cache line per local rank, whose first word counts
- * the waits that rank's threads are in. A wait whose group lies on one node spins only while
+ * the waits that rank's threads are in, and whose words 2-3 hold the ticket of the last call it
+ * reached (bell_ticket). A wait whose group lies on one node spins only while
  * every member is in a wait (a member still computing rings the bell when it arrives, so spinning
  * for it would only take the core it needs), and otherwise sleeps on the futex, in the kernel as
  * gloo's waits do, until a ring or its pause's end. Everything here is a hint: a lost ring costs
@@ -100,10 +102,28 @@ static void bell_ring(void) {
     }
 }
 
-/* this process starts (+1) or ends (-1) a wait; starting one rings the bell */
-static void bell_enter(int delta) {
+/* A call's ticket: its group (the mask, folded to 32 bits) and its number there (the group's seq,
+ * which every member counts alike), stored in words 2-3 of a rank's line as it starts a wait for
+ * the call; 0: a wait that is no call of the group's (point to point) and leaves the word alone. */
+static inline uint64_t *bell_ticket_at(int i) { return (uint64_t *)(void *)(bell_slot(i) + 2); }
+
+static unsigned long long bell_ticket(unsigned long long mask, unsigned long long seq) {
+    return (((mask ^ (mask >> 32)) & 0xffffffffULL) << 32) | (seq & 0xffffffffULL);
+}
+
+/* this process has reached the call of ticket (0: none) */
+static void bell_arrive(unsigned long long ticket) {
+    if (bell_words != NULL && ticket != 0)
+        __atomic_store_n(bell_ticket_at(bell_me), (uint64_t)ticket, __ATOMIC_SEQ_CST);
+}
+
+/* this process starts (+1) or ends (-1) a wait, for the call of this ticket (0: none); starting
+ * one rings the bell */
+static void bell_enter(int delta, unsigned long long ticket) {
     if (bell_words == NULL)
         return;
+    if (delta > 0)
+        bell_arrive(ticket);
     __atomic_add_fetch(bell_slot(bell_me), (uint32_t)delta, __ATOMIC_SEQ_CST);
     if (delta > 0)
         bell_ring();
@@ -120,21 +140,64 @@ static unsigned long long bell_in_bits(unsigned long long mask) {
     return in;
 }
 
+/* the local ranks of mask that have started a wait for the call of this ticket, or a later call
+ * of the same group */
+static unsigned long long bell_arrived_bits(unsigned long long mask, unsigned long long ticket) {
+    unsigned long long arrived = 0;
+    if (bell_words == NULL)
+        return mask;
+    for (int i = 0; (mask >> i) != 0; i++) {
+        if (!((mask >> i) & 1))
+            continue;
+        uint64_t t = __atomic_load_n(bell_ticket_at(i), __ATOMIC_SEQ_CST);
+        if ((t >> 32) == (ticket >> 32) && (int32_t)((uint32_t)t - (uint32_t)ticket) >= 0)
+            arrived |= 1ULL << i;
+    }
+    return arrived;
+}
+
+/* What a spinning wait has seen of its group: when every member was last in a wait at once (or
+ * when it started), and (a wait with no ticket) who has been seen in one. */
+typedef struct {
+    double last_all;
+    unsigned long long seen;
+} watch_t;
+
+enum { LOOK_STOP = 1, LOOK_LATE = 2 }; /* bell_look's bits */
+
+/* Whether a wait of mask for the call of ticket spins on at time t (LOOK_STOP clear), and whether
+ * a member has not reached the call (LOOK_LATE: its ticket is behind; without a ticket, it has
+ * not been seen in a wait). It spins while every member is in a wait, and otherwise for a while
+ * since they last were: alone seconds while a member has not reached the call (it rings when it
+ * arrives, so the wait may sleep until then), gone seconds once every member has (a member out of
+ * its wait did its part, while this rank's part of a large message moves only while it tests).
+ * A member seen in a wait for its previous call and out again is late, not done: it computes. */
+static int bell_look(watch_t *w, unsigned long long mask, unsigned long long ticket, double alone, double gone,
+                     double t) {
+    unsigned long long in = bell_in_bits(mask);
+    w->seen |= in;
+    if (in == mask) {
+        w->last_all = t;
+        return 0;
+    }
+    unsigned long long arrived = ticket ? bell_arrived_bits(mask, ticket) | (1ULL << bell_me) : w->seen;
+    if ((mask & ~arrived) != 0)
+        return LOOK_LATE | (t >= w->last_all + alone ? LOOK_STOP : 0);
+    return t >= w->last_all + gone ? LOOK_STOP : 0;
+}
+
 /* every local rank in mask is in a wait (mask 0: the group is not on one node: spin as ever) */
 static int bell_all_in(unsigned long long mask) { return bell_in_bits(mask) == mask; }
 
 /* Tests in runs of tests_per_yield, a sched_yield after each run, until done (1), an MPI error
- * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until, or a
- * member of the bell mask is out of a wait, since the spin began or every member was last seen
- * in one: for alone seconds while one of them has not been seen in a wait (it has not arrived),
- * for gone seconds once each has (those out did their part, and this rank's part of a large
- * message moves only while it tests). */
+ * (*err set, 1), or (0): rounds runs when until is 0; else until the clock passes until, or, with
+ * a bell mask, bell_look says to stop (the call of ticket; alone and gone seconds). */
 static int spin(request_t *r, int rounds, double alone, double gone, double until, unsigned long long mask,
-                int *err) {
+                unsigned long long ticket, int *err) {
     status_t st;
     int flag = 0;
-    double last_in = until > 0 ? now() : 0.0;
-    unsigned long long seen = 0;
+    double t0 = until > 0 ? now() : 0.0;
+    watch_t w = {t0, 0};
     for (int i = 0; until > 0 || i < rounds; i++) {
         for (int k = 0; k < tests_per_yield; k++) {
             if ((*err = test(r, &flag, &st)) != 0 || flag)
@@ -145,14 +208,8 @@ static int spin(request_t *r, int rounds, double alone, double gone, double unti
             double t = now();
             if (t >= until)
                 return 0;
-            if (mask && bell_words != NULL) {
-                unsigned long long in = bell_in_bits(mask);
-                seen |= in;
-                if (in == mask)
-                    last_in = t;
-                else if (t >= last_in + (seen == mask ? gone : alone))
-                    return 0;
-            }
+            if (mask && bell_words != NULL && (bell_look(&w, mask, ticket, alone, gone, t) & LOOK_STOP))
+                return 0;
         }
     }
     return 0;
@@ -172,30 +229,32 @@ static PyObject *raise_mpi(int err) {
  * this node, mpidist/core/bell.py) the call rings the bell, counts as a wait while it is one, and
  * spins only while every member is in a wait; a handle returned is still counted as a wait, which
  * the bounded wait in Python ends. */
-static PyObject *finish(request_t *r, int err, double bytes, unsigned long long mask) {
+static PyObject *finish(request_t *r, int err, double bytes, unsigned long long mask, unsigned long long ticket) {
     if (err != 0)
         return raise_mpi(err);
     status_t st;
     int flag = 0;
-    if (mask)
+    if (mask) {
+        bell_arrive(ticket);
         bell_ring();
+    }
     if ((err = test(r, &flag, &st)) != 0)
         return raise_mpi(err);
     if (!flag) {
         int done, entered = 0;
         Py_BEGIN_ALLOW_THREADS
-        done = spin(r, quick_tests / tests_per_yield, 0.0, 0.0, 0.0, 0, &err);
+        done = spin(r, quick_tests / tests_per_yield, 0.0, 0.0, 0.0, 0, 0, &err);
         if (!done && mask && bell_words != NULL) {
-            bell_enter(1);
+            bell_enter(1, ticket);
             entered = 1;
         }
         if (!done) {
             double s = spin_least + bytes * spin_per_byte, t = now();
             done = spin(r, 0, spin_alone, spin_alone + bytes * alone_per_byte, t + (s < spin_most ? s : spin_most),
-                        mask, &err);
+                        mask, ticket, &err);
         }
         if ((done || err != 0) && entered)
-            bell_enter(-1);
+            bell_enter(-1, 0);
         flag = done && err == 0;
         Py_END_ALLOW_THREADS
         if (err != 0)
@@ -211,9 +270,15 @@ static PyObject *finish(request_t *r, int err, double bytes, unsigned long long 
 /* mpi4py gives an int handle sign-extended to 64 bits, unsigned: the low bits are the handle */
 static unsigned long long handle_of(PyObject *o) { return PyLong_AsUnsignedLongLongMask(o); }
 
-/* the optional last argument of allreduce, bcast and barrier: the group's bell mask (0 if absent) */
+/* the optional last arguments of allreduce, bcast and barrier: the group's bell mask and the
+ * call's number on the group (0 if absent); the ticket they make (bell_ticket; 0 without a number) */
 static unsigned long long mask_arg(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want) {
     return nargs > want ? PyLong_AsUnsignedLongLongMask(args[want]) : 0;
+}
+
+static unsigned long long ticket_arg(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want) {
+    unsigned long long seq = nargs > want + 1 ? PyLong_AsUnsignedLongLongMask(args[want + 1]) : 0;
+    return seq ? bell_ticket(mask_arg(args, nargs, want), seq) : 0;
 }
 
 /* The element count of a buffer: 0, or -1 with an exception set, or 1 for a count past INT_MAX;
@@ -265,9 +330,9 @@ static int ready(const char *name, void *routine, Py_ssize_t nargs, Py_ssize_t w
         PyErr_Format(PyExc_RuntimeError, "mpidist.calls._native.%s: setup() was not called", name);
         return 0;
     }
-    if (nargs != want && nargs != want + 1) {
-        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, and a bell mask (%zd given)", name, want,
-                     nargs);
+    if (nargs < want || nargs > want + 2) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, a bell mask and a call number (%zd given)",
+                     name, want, nargs);
         return 0;
     }
     return 1;
@@ -278,7 +343,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (!ready("allreduce(buf, datatype, extent, op, comm)", f_iallreduce, nargs, 5))
         return NULL;
     unsigned long long dtype = handle_of(args[1]), op = handle_of(args[3]), comm = handle_of(args[4]),
-                       mask = mask_arg(args, nargs, 5);
+                       mask = mask_arg(args, nargs, 5), ticket = ticket_arg(args, nargs, 5);
     if (PyErr_Occurred())
         return NULL;
     Py_buffer view;
@@ -289,7 +354,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int err = start_allreduce(view.buf, count, dtype, op, comm, &r);
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
-    return finish(&r, err, bytes, mask);
+    return finish(&r, err, bytes, mask, ticket);
 }
 
 /* ---- all_reduce's whole common case: what mpidist.calls.collectives.all_reduce checks in Python
@@ -515,7 +580,7 @@ static PyObject *whole(PyObject *tensor, PyObject *op, PyObject *pg, int sign, i
     PyObject *bell_mask = SLOT(pg, g_bell);
     unsigned long long mask = bell_words && bell_mask && PyLong_CheckExact(bell_mask)
                               ? PyLong_AsUnsignedLongLongMask(bell_mask) : 0;
-    PyObject *out = finish(&r, err, bytes, mask);
+    PyObject *out = finish(&r, err, bytes, mask, bell_ticket(mask, (unsigned long long)seq + 1));
     if (out != NULL)
         *from_mpi = 0;
     return out;
@@ -740,7 +805,8 @@ static PyObject *bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     (void)self;
     if (!ready("bcast(buf, datatype, extent, root, comm, writable)", f_ibcast, nargs, 6))
         return NULL;
-    unsigned long long dtype = handle_of(args[1]), comm = handle_of(args[4]), mask = mask_arg(args, nargs, 6);
+    unsigned long long dtype = handle_of(args[1]), comm = handle_of(args[4]), mask = mask_arg(args, nargs, 6),
+                       ticket = ticket_arg(args, nargs, 6);
     long root = PyLong_AsLong(args[3]);
     int writable = PyObject_IsTrue(args[5]);
     if (PyErr_Occurred())
@@ -762,14 +828,14 @@ static PyObject *bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         err = ((ibcast_int_t)f_ibcast)(view.buf, count, (int)dtype, (int)root, (int)comm, &r.ireq);
     double bytes = (double)view.len;
     PyBuffer_Release(&view);
-    return finish(&r, err, bytes, mask);
+    return finish(&r, err, bytes, mask, ticket);
 }
 
 static PyObject *barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (!ready("barrier(comm)", f_ibarrier, nargs, 1))
         return NULL;
-    unsigned long long comm = handle_of(args[0]), mask = mask_arg(args, nargs, 1);
+    unsigned long long comm = handle_of(args[0]), mask = mask_arg(args, nargs, 1), ticket = ticket_arg(args, nargs, 1);
     if (PyErr_Occurred())
         return NULL;
     request_t r = {0, NULL};
@@ -778,7 +844,7 @@ static PyObject *barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         err = ((ibarrier_ptr_t)f_ibarrier)((void *)(uintptr_t)comm, &r.preq);
     else
         err = ((ibarrier_int_t)f_ibarrier)((int)comm, &r.ireq);
-    return finish(&r, err, 0.0, mask);
+    return finish(&r, err, 0.0, mask, ticket);
 }
 
 static PyObject *setup(PyObject *self, PyObject *args) {
@@ -830,13 +896,62 @@ static PyObject *py_bell_attach(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_bell_enter(PyObject *self, PyObject *arg) {
+/* bell_enter(+1 | -1[, ticket]) */
+static PyObject *py_bell_enter(PyObject *self, PyObject *args) {
     (void)self;
-    long delta = PyLong_AsLong(arg);
-    if (delta == -1 && PyErr_Occurred())
+    long delta;
+    unsigned long long ticket = 0;
+    if (!PyArg_ParseTuple(args, "l|K", &delta, &ticket))
         return NULL;
-    bell_enter(delta > 0 ? 1 : -1);
+    bell_enter(delta > 0 ? 1 : -1, ticket);
     Py_RETURN_NONE;
+}
+
+/* bell_ticket(mask, seq) -> the ticket of the group's call number seq */
+static PyObject *py_bell_ticket(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long mask, seq;
+    if (!PyArg_ParseTuple(args, "KK", &mask, &seq))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(bell_ticket(mask, seq));
+}
+
+/* bell_arrive(mask, seq) -> ticket: this rank has reached the group's call number seq (0: none) */
+static PyObject *py_bell_arrive(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long mask, seq;
+    if (!PyArg_ParseTuple(args, "KK", &mask, &seq))
+        return NULL;
+    unsigned long long ticket = seq ? bell_ticket(mask, seq) : 0;
+    bell_arrive(ticket);
+    return PyLong_FromUnsignedLongLong(ticket);
+}
+
+/* bell_watch() -> a fresh watch (bytes that bell_look keeps its state in), started now */
+static PyObject *py_bell_watch(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    watch_t w = {now(), 0};
+    return PyByteArray_FromStringAndSize((const char *)&w, sizeof w);
+}
+
+/* bell_look(watch, mask, ticket, alone, gone) -> bell_look's bits: 1 stop spinning, 2 a member
+ * has not reached the call */
+static PyObject *py_bell_look(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyByteArray_CheckExact(args[0]) || PyByteArray_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(watch_t)) {
+        PyErr_SetString(PyExc_TypeError, "bell_look(watch, mask, ticket, alone, gone): watch from bell_watch()");
+        return NULL;
+    }
+    unsigned long long mask = PyLong_AsUnsignedLongLongMask(args[1]), ticket = PyLong_AsUnsignedLongLongMask(args[2]);
+    double alone = PyFloat_AsDouble(args[3]), gone = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    watch_t w;
+    memcpy(&w, PyByteArray_AS_STRING(args[0]), sizeof w);
+    int seen = bell_look(&w, mask, ticket, alone, gone, now());
+    memcpy(PyByteArray_AS_STRING(args[0]), &w, sizeof w);
+    return PyLong_FromLong(seen);
 }
 
 static PyObject *py_bell_in(PyObject *self, PyObject *arg) {
@@ -927,7 +1042,15 @@ static PyMethodDef methods[] = {
      "(name, kind, handle, extent), Plan fields (average, factor, lowprec, handle))"},
     {"bell_attach", py_bell_attach, METH_VARARGS,
      "bell_attach(address, local rank, alone[, alone per byte]): use the node's bell page mapped at address."},
-    {"bell_enter", py_bell_enter, METH_O, "bell_enter(+1 | -1): start (and ring) or end a wait."},
+    {"bell_enter", py_bell_enter, METH_VARARGS,
+     "bell_enter(+1 | -1[, ticket]): start (and ring) a wait for the call of ticket, or end one."},
+    {"bell_ticket", py_bell_ticket, METH_VARARGS, "bell_ticket(mask, seq) -> the ticket of a group's call."},
+    {"bell_arrive", py_bell_arrive, METH_VARARGS,
+     "bell_arrive(mask, seq) -> ticket: this rank has reached the group's call number seq."},
+    {"bell_watch", py_bell_watch, METH_NOARGS, "bell_watch() -> a spinning wait's state, for bell_look."},
+    {"bell_look", (PyCFunction)(void (*)(void))py_bell_look, METH_FASTCALL,
+     "bell_look(watch, mask, ticket, alone, gone) -> bits: 1 stop spinning, 2 a member has not "
+     "reached the call."},
     {"bell_ring", py_bell_ring, METH_NOARGS, "bell_ring(): wake the bell's sleepers, counting no wait."},
     {"bell_in", py_bell_in, METH_O, "bell_in(mask) -> the bits of mask whose local ranks are in a wait."},
     {"bell_all_in", py_bell_all_in, METH_O, "bell_all_in(mask): every local rank of mask is in a wait."},

@@ -122,7 +122,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 # the C path: MPI_Iallreduce and the wait's spin in one call (calls/native.py)
                 pending = (NotImplemented if fast is None
-                           else fast(arr, d.handle, d.extent, p.handle, pg.handle, pg.bell))
+                           else fast(arr, d.handle, d.extent, p.handle, pg.handle, pg.bell, pg.seq))
                 if pending is not None:
                     native.finish(pending, lambda: pg.comm.Iallreduce(IN_PLACE, [arr, d.mpi], p.op),
                                   pg, call, arr)
@@ -195,7 +195,8 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
                         and persistent.broadcast(pg, call, arr, d, root)):
                     # the C path, as all_reduce's
                     pending = (NotImplemented if fast is None
-                               else fast(arr, d.handle, d.extent, root, pg.handle, pg._rank != root, pg.bell))
+                               else fast(arr, d.handle, d.extent, root, pg.handle, pg._rank != root, pg.bell,
+                                         pg.seq))
                     if pending is not None:
                         native.finish(pending, lambda: comm.Ibcast(buf, root), pg, call, buf)
             except MPI.Exception as exc:
@@ -299,7 +300,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -
             fast = native.barrier
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 if not (persistent.ON and persistent.barrier(pg, call)):
-                    pending = NotImplemented if fast is None else fast(pg.handle, pg.bell)  # the C path
+                    # the C path
+                    pending = NotImplemented if fast is None else fast(pg.handle, pg.bell, pg.seq)
                     if pending is not None:
                         native.finish(pending, comm.Ibarrier, pg, call, None)
             except MPI.Exception as exc:

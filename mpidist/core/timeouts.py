@@ -82,16 +82,19 @@ def grace(limit: float | None) -> float:
 
 
 def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = None,
-         statuses: list[MPI.Status] | None = None, timeout: float | None = None) -> None:
+         statuses: list[MPI.Status] | None = None, timeout: float | None = None,
+         seq: int | None = None) -> None:
     """Complete ``reqs`` of ``call`` on ``pg`` within the group's timeout.
 
     Raises :class:`GroupTimeoutError` on every waiting rank past the deadline, or once a peer
     has given up on the group; ``keep`` (the buffers of the abandoned requests) stays
     referenced by the broken group. An explicit ``timeout`` (``Work.wait(timeout)``) is this
-    rank's own: past it a ``RuntimeError`` says so and the requests stay pending.
+    rank's own: past it a ``RuntimeError`` says so and the requests stay pending. ``seq``: the
+    call's number on the group (default: the last one started), for the bell's ticket.
     """
     test = tester(reqs, statuses)
     mask = pg.bell  # the group's members all on this node: the wait spins only while all wait
+    ticket = arrive(pg, call, seq) if mask else 0
     try:
         for _ in range(QUICK_TESTS // TESTS_PER_YIELD):
             for _ in range(TESTS_PER_YIELD):
@@ -108,11 +111,11 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         end = start + spin_for(nbytes)
         end = end if limit is None else min(end, start + limit)
         if mask:
-            bell.enter()
+            bell.enter(ticket)
         try:
-            if spin_on(test, end, mask, bell.alone, bell.alone_for(nbytes)):
+            if spin_on(test, end, mask, bell.alone_for(nbytes), ticket):
                 return
-            until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask))
+            until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask), ticket)
         finally:
             if mask:
                 bell.leave()
@@ -128,10 +131,20 @@ def wait_pending(handle: int, pg: ProcessGroup, call: Any, keep: Any) -> None:
     req = MPI.Request.fromhandle(handle)
     try:
         until(req.Test, pg, call, ((req,), keep), None, None, 0.0,
-              time.monotonic() - spin_for(nbytes_of(keep)), bool(pg.bell))
+              time.monotonic() - spin_for(nbytes_of(keep)), bool(pg.bell),
+              bell.ticket(pg.bell, pg.seq) if pg.bell else 0)
     finally:
         if pg.bell:
             bell.leave()
+
+
+def arrive(pg: ProcessGroup, call: Any, seq: int | None = None) -> int:
+    """The bell's ticket of ``call`` on ``pg`` (number ``seq``, default the last started),
+    published as this rank's (:func:`mpidist.core.bell.arrive`); 0 for a call that is not a
+    collective of the group (point to point), whose waits go by whom they have seen."""
+    if getattr(call, "fingerprint", None) is None:
+        return 0
+    return bell.arrive(pg.bell, pg.seq if seq is None else seq)
 
 
 def tester(reqs: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
@@ -161,13 +174,14 @@ def failure(pg: ProcessGroup, call: Any, exc: MPI.Exception, keep: Any,
 
 def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = None,
           timeout: float | None = None, statuses: list[MPI.Status] | None = None,
-          spin: float = SPIN, start: float | None = None, counted: bool = False) -> None:
+          spin: float = SPIN, start: float | None = None, counted: bool = False, ticket: int = 0) -> None:
     """Poll ``ready()`` until it is true, bounded as :func:`wait` (which it serves).
 
     Also for what is not a request: a receive that must first probe for its message's size.
     An MPI error ``ready()`` raises becomes mpidist's (:func:`failure`). ``start``: when the
     wait began (the deadline counts from there), if before this call. ``counted``: the caller
-    counted the wait in the group's bell (:mod:`mpidist.core.bell`), so it sleeps there.
+    counted the wait in the group's bell (:mod:`mpidist.core.bell`), so it sleeps there, for the
+    call of ``ticket`` (:func:`arrive`).
     """
     limit = seconds(pg.timeout) if timeout is None else timeout
     start = time.monotonic() if start is None else start
@@ -177,7 +191,7 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     asked: set[int] = set()
     nbytes = nbytes_of(keep)
     backoff = Backoff(longest=longest_for(nbytes), spin=spin, bell_mask=pg.bell if counted else 0,
-                      respin=spin_for(nbytes), gone=bell.alone_for(nbytes))
+                      respin=spin_for(nbytes), gone=bell.alone_for(nbytes), ticket=ticket)
 
     tests = [0]
 

@@ -88,26 +88,30 @@ class Backoff:
     ``spin``: seconds that :func:`poll` first tests back to back, yielding the core
     (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
     ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin (``respin``
-    seconds) runs while every member is in a wait, the pauses are spent asleep on the bell, and a
-    ring ends the pause and starts the spin again, while a member is out of a wait for
-    :data:`mpidist.core.bell.alone` as long as one has not been seen in a wait, then for
-    ``gone`` (:func:`mpidist.core.bell.alone_for` the call's bytes; default: the same).
+    seconds) runs while :func:`mpidist.core.bell.look` says so for the call of ``ticket`` (with
+    ``gone``: :func:`mpidist.core.bell.alone_for` the call's bytes; default
+    :data:`mpidist.core.bell.alone`), the pauses are spent asleep on the bell, and a ring ends the
+    pause and starts the spin again. While a member has not reached the call, the pauses grow to
+    :data:`LONGEST_PAUSE` whatever ``longest`` is: its arrival rings.
     """
 
-    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin", "gone")
+    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin", "gone", "ticket", "state")
 
     def __init__(self, first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE,
                  spin: float = 0.0, bell_mask: int = 0, respin: float = 0.0,
-                 gone: float | None = None) -> None:
+                 gone: float | None = None, ticket: int = 0) -> None:
         self.first = first
         self.longest = longest
         self.pause = first
         self.spin_until = time.monotonic() + spin if spin else 0.0
         self.bell = bell_mask
         self.respin = respin
-        self.gone = gone
+        self.gone = bell.alone if gone is None else gone
+        self.ticket = ticket
+        self.state = None
         if bell_mask:  # the spin runs only while every member waits: give it its window now
             self.spin_until = max(self.spin_until, time.monotonic() + respin)
+            self.state = bell.watch()
 
     def reset(self) -> None:
         self.pause = self.first
@@ -127,23 +131,29 @@ class Backoff:
     def nap(self, done: Callable[[], bool], deadline: float | None) -> bool | None:
         """The next pause asleep on the bell: ``None`` once ``done()``, ``False`` once the deadline
         has passed, ``True`` otherwise. A ring starts the spin again (``respin`` seconds); the
-        spin runs while every member is in a wait, and a wait whose spin is spent sleeps."""
+        spin runs while :func:`mpidist.core.bell.look` says so, and a wait whose spin is spent
+        sleeps."""
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             return False
         end = self.spin_until if deadline is None else min(self.spin_until, deadline)
-        seen = bell.nap(done, self.pause if deadline is None else min(self.pause, deadline - now),
-                        self.bell, now < end)
+        # a member that has not reached the call rings when it does: no need to wake up early
+        longest = (LONGEST_PAUSE if bell.look(self.state, self.bell, self.ticket, self.gone) & bell.LATE
+                   else self.longest)
+        pause = min(self.pause, longest)
+        seen = bell.nap(done, pause if deadline is None else min(pause, deadline - now),
+                        self.bell, now < end, self.state, self.ticket, self.gone)
         if seen is None:
             return None
         if seen == bell.SLEPT:
-            self.pause = min(self.pause * 2, self.longest)
+            self.pause = min(pause * 2, longest)
             return True
         if seen == bell.RANG:  # a member arrived: the others may follow within a time slice
             self.pause = self.first
             self.spin_until = time.monotonic() + self.respin
             end = self.spin_until if deadline is None else min(self.spin_until, deadline)
-        if spin_on(done, end, self.bell, bell.alone, self.gone):
+            self.state = bell.watch()
+        if spin_on(done, end, self.bell, self.gone, self.ticket, self.state):
             return None
         return True
 
@@ -162,34 +172,27 @@ TESTS_PER_YIELD = 4
 CLOCK_EVERY = 4
 
 
-def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, alone: float = 0.0,
-            gone: float | None = None) -> bool:
+def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, gone: float = 0.0,
+            ticket: int = 0, state: bytearray | None = None) -> bool:
     """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
-    true or ``end`` passes; with a bell mask (:mod:`.bell`) only until a member has been out of
-    a wait, since the start or since every member was last in one: for ``alone`` seconds while
-    one of them has not been seen in a wait (it has not arrived), for ``gone`` (default
-    ``alone``) once each has (those out did their part, and this rank's part of a large message
-    moves only while it tests)."""
+    true or ``end`` passes; with a bell mask (:mod:`.bell`) only until :func:`.bell.look` says
+    to stop, for the group's call of ``ticket`` (with ``gone``), which tells a member that has
+    not reached the call (it rings when it does) from one that did its part and went on:
+    ``state`` is what the wait has seen of its group so far (default: a fresh record)."""
     yield_ = os.sched_yield
-    last_in = time.monotonic()
-    seen = 0
-    gone = alone if gone is None else gone
+    look = bell.look
+    if bell_mask and state is None:
+        state = bell.watch()
     while True:
         for _ in range(CLOCK_EVERY):
             for _ in range(TESTS_PER_YIELD):
                 if done():
                     return True
             yield_()
-        now = time.monotonic()
-        if now >= end:
+        if time.monotonic() >= end:
             return False
-        if bell_mask:
-            in_ = bell.in_now(bell_mask)
-            seen |= in_
-            if in_ == bell_mask:
-                last_in = now
-            elif now >= last_in + (gone if seen == bell_mask else alone):
-                return False
+        if bell_mask and look(state, bell_mask, ticket, gone) & bell.STOP:
+            return False
 
 
 def poll(done: Callable[[], bool], deadline: float | None,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
 
-from . import errors, timeouts
+from . import bell, errors, timeouts
 from .groups import ProcessGroup
 from .registry import define
 from .waiting import nbytes_of, seconds
@@ -31,7 +31,7 @@ class Work:
     """
 
     __slots__ = ("_reqs", "_post", "_output", "_call", "_pg", "_done", "_exc",
-                 "_statuses", "_keep", "_test")
+                 "_statuses", "_keep", "_test", "_seq")
 
     def __init__(self, reqs: Sequence[MPI.Request], call: Any, post: Callable[[], None] | None,
                  output: Any, pg: ProcessGroup, keep: Any = None,
@@ -46,6 +46,7 @@ class Work:
         self._statuses = statuses
         self._keep = keep  # buffers MPI is still reading or writing
         self._test = timeouts.tester(self._reqs, statuses)
+        self._seq = pg.seq if pg is not None else 0  # the call's number on its group
 
     def _finish(self) -> None:
         self._done = True
@@ -70,6 +71,15 @@ class Work:
     def bell(self) -> int:
         """Its group's bell mask (:mod:`mpidist.core.bell`; 0: none)."""
         return self._pg.bell if self._pg is not None else 0
+
+    @property
+    def ticket(self) -> int:
+        """Its call's ticket on the bell (:func:`mpidist.core.bell.ticket`; 0: no bell, or a
+        point-to-point call)."""
+        pg = self._pg
+        if pg is None or not pg.bell or getattr(self._call, "fingerprint", None) is None:
+            return 0
+        return bell.ticket(pg.bell, self._seq)
 
     @property
     def nbytes(self) -> int:
@@ -102,7 +112,7 @@ class Work:
         if not self._done:
             try:
                 timeouts.wait(self._reqs, self._pg, self._call, self._keep, self._statuses,
-                              seconds(timeout) if timeout is not None else None)
+                              seconds(timeout) if timeout is not None else None, self._seq)
             except timeouts.GroupTimeoutError as exc:
                 self._exc = exc
                 raise

@@ -47,7 +47,7 @@ class Pending:
     """One torch-level operation: its mpidist works and the torch future to complete."""
 
     __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start",
-                 "bell", "spin", "alone", "on_bell")
+                 "bell", "ticket", "spin", "alone", "on_bell")
 
     def __init__(self, works: Sequence[MpiWork], future: Any, value: Any, call: str,
                  on_done: Callable[[], None] | None = None) -> None:
@@ -64,6 +64,8 @@ class Pending:
         self.bell = self.works[0].bell if self.works else 0
         if self.bell and any(w.bell != self.bell for w in self.works):
             self.bell = 0
+        #: the bell's ticket of its last call (0: none, or a point-to-point call)
+        self.ticket = self.works[-1].ticket if self.bell else 0
         self.spin = self.alone = -1.0  # the spins for its bytes (spin_of), worked out when first asked
         self.on_bell = False  # a thread waits for it asleep on the bell (Engine.wait)
 
@@ -131,7 +133,7 @@ class Engine:
 
     def submit(self, p: Pending) -> None:
         if p.bell:
-            bell.enter()  # counts this rank in until the work completes (poll() leaves), and rings
+            bell.enter(p.ticket)  # counts this rank in until the work completes (poll() leaves), and rings
         with self._cv:
             self._pending.append(p)
             self._submitted += 1
@@ -168,6 +170,7 @@ class Engine:
         pause = FIRST_PAUSE
         quick = 0  # polls since the last submission or completion, each followed by a yield
         spin_until = 0.0  # on the bell: spin while every member waits, until then
+        state = None  # on the bell: what the naps have seen of the group since then
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
@@ -178,6 +181,7 @@ class Engine:
                 mask, spin, gone = self._bell()
             if quick == 0:
                 spin_until = time.monotonic() + spin
+                state = bell.watch() if mask else None
             if self.poll():
                 pause, quick = FIRST_PAUSE, 0
                 continue
@@ -187,7 +191,8 @@ class Engine:
                 os.sched_yield()
                 continue
             if mask:
-                seen = self._nap(mask, pause, spin_until, gone)
+                state = state if state is not None else bell.watch()
+                seen = self._nap(mask, pause, spin_until, gone, state)
                 if seen is None:  # news: a submission or a completion
                     pause, quick = FIRST_PAUSE, 0
                 elif seen == bell.RANG:  # a member arrived: test, and spin again while all wait
@@ -221,18 +226,20 @@ class Engine:
         submitted = self._submitted
         return lambda: self._submitted != submitted or self.poll() > 0
 
-    def _nap(self, mask: int, pause: float, spin_until: float, gone: float) -> int | None:
-        """One pause on the bell (:func:`mpidist.core.bell.nap`): ``None`` on news (a submission,
-        or work finished), else :data:`~mpidist.core.bell.RANG`, or ``SLEPT`` (also after a spin
-        while every member waited)."""
+    def _nap(self, mask: int, pause: float, spin_until: float, gone: float,
+             state: bytearray) -> int | None:
+        """One pause on the bell (:func:`mpidist.core.bell.nap`, seeing the group with ``state``;
+        the work of several groups goes by whom it has seen, without a ticket): ``None`` on news (a
+        submission, or work finished), else :data:`~mpidist.core.bell.RANG`, or ``SLEPT`` (also
+        after a spin)."""
         news = self._news()
         self._napping = True
         try:
-            seen = bell.nap(news, pause, mask, time.monotonic() < spin_until)
+            seen = bell.nap(news, pause, mask, time.monotonic() < spin_until, state, 0, gone)
         finally:
             self._napping = False
-        if seen == bell.ALL_IN:
-            return None if spin_on(news, spin_until, mask, bell.alone, gone) else bell.SLEPT
+        if seen == bell.SPIN:
+            return None if spin_on(news, spin_until, mask, gone, 0, state) else bell.SLEPT
         return seen
 
     def wait(self, p: Pending, timeout: float | None = None) -> None:
@@ -254,7 +261,7 @@ class Engine:
                 return p.done
 
             spin, gone = p.spin_of()
-            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=spin, gone=gone)):
+            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=spin, gone=gone, ticket=p.ticket)):
                 raise errors.runtime_error(
                     p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
         pause = FIRST_PAUSE

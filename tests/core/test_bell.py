@@ -170,3 +170,79 @@ def test_many_calls_with_late_ranks_in_turn_stay_right(dist, rank, size):
         if i % 5 == 0:
             dist.barrier()
     assert_all_ranks_ok(dist, bad)
+
+
+def _raw_barrier() -> None:
+    """A barrier that is no wait of mpidist's: it leaves the bell as it is."""
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_member_in_its_last_call_is_late_for_this_one_and_one_done_with_it_is_not(dist, rank, size):
+    """Rank 0 waits for call 1000 of a group; the others are in call 999 first, then leave it:
+    they are late (rank 0's spin stops after :data:`~mpidist.core.bell.alone` and it may sleep
+    until they ring), though rank 0 saw them in a wait. Then they reach call 1000, do their part
+    and go on: no longer late, and rank 0 spins on for ``gone`` seconds. The ticket's group is
+    made up, so no real call matches it."""
+    mask = dist.group.WORLD.bell
+    tag = mask ^ (1 << 62)
+    this, before = bell.ticket(tag, 1000), bell.ticket(tag, 999)
+    gone = 0.2
+    seen = []
+    if rank == 0:
+        bell.enter(this)
+    else:
+        bell._impl.bell_enter(1, before)
+    _raw_barrier()
+    if rank == 0:
+        state = bell.watch()
+        seen.append(bell.look(state, mask, this, gone))  # all in: spin
+    _raw_barrier()
+    if rank:
+        bell.leave()
+    _raw_barrier()
+    if rank == 0:
+        time.sleep(bell.alone + 0.02)
+        seen.append(bell.look(state, mask, this, gone))  # they went back to computing: late
+    _raw_barrier()
+    if rank:
+        bell.arrive(tag, 1000)  # done with call 1000, out of any wait
+    _raw_barrier()
+    if rank == 0:
+        state = bell.watch()
+        seen.append(bell.look(state, mask, this, gone))  # done: spin on for gone seconds
+        time.sleep(gone + 0.05)
+        seen.append(bell.look(state, mask, this, gone))  # and then stop
+        bell.leave()
+    _raw_barrier()  # the others in no wait of mpidist's until then
+    want = [0, bell.LATE | bell.STOP, 0, bell.STOP]
+    assert gathered(dist, seen)[0] == want
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("call", ["all_reduce", "broadcast", "all_gather_into_tensor", "async all_reduce"])
+def test_every_collective_publishes_its_ticket(dist, rank, size, call):
+    """Once every rank has made a call (the C path, the Python one, or ``async_op`` and
+    ``wait()``), a wait for that call sees every member arrived, and one for the next call sees
+    them late; point-to-point waits publish nothing."""
+    world = dist.group.WORLD
+    x = rank_data(rank, (4,), np.float64)
+    if call == "all_reduce":
+        dist.all_reduce(x)
+    elif call == "broadcast":
+        dist.broadcast(x, src=size - 1)
+    elif call == "all_gather_into_tensor":
+        dist.all_gather_into_tensor(np.empty(4 * size), x)
+    else:
+        dist.all_reduce(x, async_op=True).wait()
+    if size > 1:  # a send and a receive on the same group change no ticket
+        if rank == 0:
+            dist.send(x, dst=1)
+        elif rank == 1:
+            dist.recv(x, src=0)
+    _raw_barrier()
+    mask, seq = world.bell, world.seq
+    looks = [bell.look(bell.watch(), mask, bell.ticket(mask, s), 1.0) & bell.LATE for s in (seq, seq + 1)]
+    _raw_barrier()
+    assert looks == [0, bell.LATE], (seq, looks)
