@@ -35,13 +35,15 @@ from ..core.buffers import AS_IS, DType
 from ..core.groups import ProcessGroup
 from .ops import Plan, ReduceOp
 
-#: ``allreduce(array, datatype handle, extent, op handle, comm handle[, bell mask])``: ``None`` when done,
-#: the pending request's handle, or ``NotImplemented`` (a count past ``INT_MAX``); ``None``
-#: where the C path is not available (see the module).
+#: ``allreduce(array, datatype handle, extent, op handle, comm handle[, bell mask[, call number]])``:
+#: ``None`` when done, the pending request's handle, or ``NotImplemented`` (a count past
+#: ``INT_MAX``); ``None`` where the C path is not available (see the module).
 allreduce: Callable[[Any, int, int, int, int], Any] | None = None
-#: ``bcast(array, datatype handle, extent, root, comm handle, writable[, bell mask])``: as :data:`allreduce`.
+#: ``bcast(array, datatype handle, extent, root, comm handle, writable[, bell mask[, call number]])``:
+#: as :data:`allreduce`.
 bcast: Callable[[Any, int, int, int, int, bool], Any] | None = None
-#: ``barrier(comm handle[, bell mask])``: ``None`` when done, else the pending request's handle.
+#: ``barrier(comm handle[, bell mask[, call number]])``: ``None`` when done, else the pending
+#: request's handle.
 barrier: Callable[[int], Any] | None = None
 #: ``all_reduce(tensor, op, group, sign)``: the whole common case of
 #: :func:`mpidist.all_reduce` (see :func:`bind`), as :data:`allreduce`; ``NotImplemented``

@@ -171,7 +171,7 @@ def agreed(pg: ProcessGroup, call: Any, h: int) -> bool:
     else:
         allreduce, int64, maximum = fast
         try:
-            pending = allreduce(both, int64, 8, maximum, pg.handle, pg.bell)
+            pending = allreduce(both, int64, 8, maximum, pg.handle, pg.bell, pg.seq)
             if pending is not None:
                 wait_pending(pending, pg, call, both)
         except MPI.Exception as exc:

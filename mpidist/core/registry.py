@@ -172,6 +172,13 @@ def part_of(call: Call, fn: Callable[..., Any]) -> None:
     _CODES[fn.__code__] = call
 
 
+def collective(call: Any) -> bool:
+    """Whether every member of the group makes ``call``: a declared call with a fingerprint, or an
+    exchange of mpidist's own named by a string (the cross-rank check's); ``False`` for
+    point-to-point calls, which have no number of their own in ``ProcessGroup.seq`` and no ticket."""
+    return not isinstance(call, Call) or call.fingerprint is not None
+
+
 def of(name: str) -> Call:
     """The :class:`Call` declared as ``name`` (``KeyError`` if none)."""
     return REGISTRY[name]

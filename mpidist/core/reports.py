@@ -42,7 +42,7 @@ def report(pg: ProcessGroup, call: Any, limit: float | None, waited: float,
     those that came before this rank's own deadline."""
     silent = [pg.ranks[r] for r in range(pg._size) if r != pg._rank and r not in heard]
     # a collective's number is the same on every member; a point-to-point call has none of its own
-    number = (f"#{pg.seq}" if getattr(call, "fingerprint", 0) is not None
+    number = (f"#{pg.seq}" if registry.collective(call)
               else f"(point to point, after call #{pg.seq})")
     where = f"{call} {number} on group {pg.group_name!r} (global ranks {ranklists.ranges(pg.ranks)})"
     if first and (limit is None or waited < limit):

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import bell, errors, faults, groups
+from . import bell, errors, faults, groups, registry
 from .groups import ProcessGroup
 from .reports import call_id, report
 from .tags import NOTICE
@@ -142,7 +142,7 @@ def arrive(pg: ProcessGroup, call: Any, seq: int | None = None) -> int:
     """The bell's ticket of ``call`` on ``pg`` (number ``seq``, default the last started),
     published as this rank's (:func:`mpidist.core.bell.arrive`); 0 for a call that is not a
     collective of the group (point to point), whose waits go by whom they have seen."""
-    if getattr(call, "fingerprint", None) is None:
+    if not registry.collective(call):
         return 0
     return bell.arrive(pg.bell, pg.seq if seq is None else seq)
 

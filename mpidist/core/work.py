@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
 
-from . import bell, errors, timeouts
+from . import bell, errors, registry, timeouts
 from .groups import ProcessGroup
 from .registry import define
 from .waiting import nbytes_of, seconds
@@ -77,7 +77,7 @@ class Work:
         """Its call's ticket on the bell (:func:`mpidist.core.bell.ticket`; 0: no bell, or a
         point-to-point call)."""
         pg = self._pg
-        if pg is None or not pg.bell or getattr(self._call, "fingerprint", None) is None:
+        if pg is None or not pg.bell or not registry.collective(self._call):
             return 0
         return bell.ticket(pg.bell, self._seq)
 

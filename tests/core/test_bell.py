@@ -15,6 +15,7 @@ import pytest
 from helpers import assert_all_ranks_ok, gathered, rank_data
 
 from mpidist.calls import native
+from mpidist.checks import signature
 from mpidist.core import bell, timeouts, waiting
 
 pytestmark = pytest.mark.skipif(bell._impl is None or not bell.ALLOWED,
@@ -221,14 +222,24 @@ def test_a_member_in_its_last_call_is_late_for_this_one_and_one_done_with_it_is_
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("call", ["all_reduce", "broadcast", "all_gather_into_tensor", "async all_reduce"])
-def test_every_collective_publishes_its_ticket(dist, rank, size, call):
+@pytest.mark.parametrize("call", ["all_reduce", "broadcast", "all_gather_into_tensor", "async all_reduce",
+                                  "check in C", "check in Python"])
+def test_every_collective_publishes_its_ticket(dist, rank, size, call, monkeypatch):
     """Once every rank has made a call (the C path, the Python one, or ``async_op`` and
     ``wait()``), a wait for that call sees every member arrived, and one for the next call sees
-    them late; point-to-point waits publish nothing."""
+    them late; point-to-point waits publish nothing. The cross-rank check's exchange, which
+    names its call by a string, publishes the ticket of the call it checks."""
     world = dist.group.WORLD
     x = rank_data(rank, (4,), np.float64)
-    if call == "all_reduce":
+    if call.startswith("check"):
+        if call == "check in Python":
+            monkeypatch.setattr(signature, "IN_C", None)
+        elif signature.IN_C is None:
+            pytest.skip("the C path is not built")
+        dist.all_reduce(x)
+        bell.arrive(world.bell, world.seq - 1)  # as if this rank's last call were the one before
+        assert signature.agreed(world, "all_reduce", 12345)
+    elif call == "all_reduce":
         dist.all_reduce(x)
     elif call == "broadcast":
         dist.broadcast(x, src=size - 1)
