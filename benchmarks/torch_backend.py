@@ -161,22 +161,32 @@ def two_node(args: argparse.Namespace, gloo: dist.ProcessGroup) -> dict:
     nodes = topology.node_count(MPI.COMM_WORLD)
     out = {"params": params, "compute_ms": compute * 1e3, "nodes": nodes,
            "auto_sync_bytes": overlap.choose(nodes), "steps": {}}
+    overlapped, blocking = mpidist_group(0), mpidist_group(1 << 62)
+    for key, group, hook in (("gloo:fp32", gloo, None), ("mpidist:fp32", None, None),
+                             ("mpidist-overlap:fp32", overlapped, None),
+                             ("mpidist-sync:fp32", blocking, None), ("gloo:fp16", gloo, fp16),
+                             ("mpidist:fp16", None, fp16)):
+        _, t = ddp_step_time(width, depth, group, batch, args.ddp_reps, args.trials, hook=hook)
+        out["steps"][key] = t * 1e3
+        if dist.get_rank() == 0:
+            print(f"  {key:<22} {t * 1e3:9.1f} ms", flush=True)
+    return out
+
+
+def mpidist_group(limit: int) -> dist.ProcessGroup:
+    """A group of every rank on the mpidist backend whose asynchronous calls of at most ``limit``
+    bytes run blocking (0: every one overlaps). The limit is read when a group is made
+    (``mpidist.torch.overlap``), so setting ``backend.SYNC_BYTES`` later changes no group."""
     saved = backend.SYNC_BYTES
+    backend.SYNC_BYTES = limit
     try:
-        for key, group, limit, hook in (("gloo:fp32", gloo, saved, None),
-                                        ("mpidist:fp32", None, saved, None),
-                                        ("mpidist-overlap:fp32", None, 0, None),
-                                        ("mpidist-sync:fp32", None, 1 << 62, None),
-                                        ("gloo:fp16", gloo, saved, fp16),
-                                        ("mpidist:fp16", None, saved, fp16)):
-            backend.SYNC_BYTES = limit
-            _, t = ddp_step_time(width, depth, group, batch, args.ddp_reps, args.trials, hook=hook)
-            out["steps"][key] = t * 1e3
-            if dist.get_rank() == 0:
-                print(f"  {key:<22} {t * 1e3:9.1f} ms", flush=True)
+        group = dist.new_group()
     finally:
         backend.SYNC_BYTES = saved
-    return out
+    if getattr(group, "_sync_limit", None) != limit:
+        raise RuntimeError(f"the new group's blocking limit is {getattr(group, '_sync_limit', None)}, "
+                           f"not {limit}")
+    return group
 
 
 def main() -> None:
@@ -222,27 +232,23 @@ def main() -> None:
     if not args.ddp_only:
         out["allreduce"] = allreduce_table(gloo, parse_size(args.max_bytes), args.reps, args.trials)
     loader = Batches(64, args.loader_workers, args.sample_us * 1e-6) if args.loader_workers else None
+    # every bucket nonblocking (completed by the progress thread), and every bucket blocking
+    mine = {"mpidist_overlap_ms": mpidist_group(0), "mpidist_sync_ms": mpidist_group(1 << 62)}
     ddp = []
     for label, width, depth in (("small", 64, 1), ("large", args.large_width, 4)):
         if label not in args.models.split(","):
             continue
         row: dict = {"model": label, "rounds": []}
-        saved = backend.SYNC_BYTES
-        try:
-            for _ in range(args.rounds):  # interleaved: the machine's load moves between rounds
-                r: dict = {}
-                row["params"], r["gloo_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps,
-                                                            args.trials, loader=loader)
-                for key, limit in (("mpidist_overlap_ms", 0), ("mpidist_sync_ms", 1 << 62)):
-                    backend.SYNC_BYTES = limit  # 0: every bucket nonblocking; huge: every bucket blocking
-                    _, r[key] = ddp_step_time(width, depth, None, 64, args.ddp_reps, args.trials,
-                                              loader=loader)
-                if args.noise:  # the same backend twice: what a ratio of one round can tell apart
-                    _, r["gloo_again_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps,
-                                                          args.trials, loader=loader)
-                row["rounds"].append({k: v * 1e3 for k, v in r.items()})
-        finally:
-            backend.SYNC_BYTES = saved
+        for _ in range(args.rounds):  # interleaved: the machine's load moves between rounds
+            r: dict = {}
+            row["params"], r["gloo_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps,
+                                                        args.trials, loader=loader)
+            for key, group in mine.items():
+                _, r[key] = ddp_step_time(width, depth, group, 64, args.ddp_reps, args.trials, loader=loader)
+            if args.noise:  # the same backend twice: what a ratio of one round can tell apart
+                _, r["gloo_again_ms"] = ddp_step_time(width, depth, gloo, 64, args.ddp_reps,
+                                                      args.trials, loader=loader)
+            row["rounds"].append({k: v * 1e3 for k, v in r.items()})
         for k in ("gloo_ms", "mpidist_overlap_ms", "mpidist_sync_ms"):
             row[k] = statistics.median(r[k] for r in row["rounds"])
         for k in ("overlap", "sync"):  # per round, so that a slow round slows both sides

@@ -80,11 +80,13 @@ def _train(group, rank, hook: bool, steps: int = 4):
 def test_fp16_compress_hook_matches_gloo(tw, limit, monkeypatch):
     monkeypatch.setattr(backend, "SYNC_BYTES", limit)
     rank, size = tw.get_rank(), tw.get_world_size()
+    mine = tw.new_group(list(range(size)))  # the limit is read when a group is made, not later
+    assert mine._sync_limit == (overlap.ONE_NODE if limit is None else limit)
     if "g" not in _gloo:
         _gloo["g"] = tw.new_group(backend="gloo")
-    ours = _train(None, rank, hook=True)
+    ours = _train(mine, rank, hook=True)
     theirs = _train(_gloo["g"], rank, hook=True)
-    plain = _train(None, rank, hook=False)
+    plain = _train(mine, rank, hook=False)
     for a, b, c in zip(ours, theirs, plain):
         if size <= 2:  # a sum of two float16 values: one rounding either way
             assert torch.equal(a, b), "fp16-compressed DDP differs from gloo's"
