@@ -16,6 +16,11 @@ the large model's DDP step: its compute alone (no DDP), gloo and mpidist with fl
 gradients (mpidist with the automatic blocking-or-overlap choice, and forced either way),
 and both with ``fp16_compress_hook``.
 
+``--breakdown`` splits the large model's DDP step: the compute alone, DDP with a comm hook
+that moves nothing (the floor every backend shares), gloo and mpidist, and the all_reduce of
+that step's buckets alone by raw ``MPI_Allreduce``, mpidist and gloo. A backend's step less
+the floor is its communication in the step; the floor bounds what gloo ÷ mpidist can reach.
+
 ``--loader-workers N`` feeds every DDP step from a ``DataLoader`` with ``N`` workers per rank
 whose samples cost ``--sample-us`` of CPU each (as decoding and augmenting do), so the workers
 take a share of the cores while the ranks train and wait; ``--ddp-only`` skips the per-call table.
@@ -173,6 +178,59 @@ def two_node(args: argparse.Namespace, gloo: dist.ProcessGroup) -> dict:
     return out
 
 
+def breakdown(args: argparse.Namespace, gloo: dist.ProcessGroup) -> dict:
+    """Where the large model's DDP step goes, per round: the compute alone; DDP with a comm hook
+    that moves nothing (its bucket copies and hooks: the floor of any backend); DDP on gloo and
+    on mpidist; and the all_reduce of one step's buckets alone, by raw ``MPI_Allreduce``,
+    mpidist and gloo. A backend's step less the floor is what its communication cost in the
+    step, to compare with its all_reduce alone."""
+    width, depth, batch = args.large_width, 4, 64
+    seen: list[int] = []
+
+    def nothing(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+        seen.append(bucket.buffer().numel())
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    params, _ = ddp_step_time(width, depth, None, batch, 1, 1, hook=nothing)
+    buckets: list[int] = []  # the last step's: DDP rebuilds its buckets after the first step
+    while sum(buckets) < params:
+        buckets.insert(0, seen.pop())
+    tensors = [torch.ones(n) for n in buckets]
+    world = MPI.COMM_WORLD
+
+    def raw() -> None:
+        for t in tensors:
+            world.Allreduce(MPI.IN_PLACE, t.numpy())
+
+    def through(group: dist.ProcessGroup | None) -> Callable[[], None]:
+        return lambda: [dist.all_reduce(t, group=group) for t in tensors] and None
+
+    reps, trials = args.ddp_reps, args.trials
+    rounds = []
+    for _ in range(args.rounds):  # interleaved: the machine's load moves between rounds
+        r = {"compute": ddp_step_time(width, depth, None, batch, reps, trials, local=True)[1],
+             "floor": ddp_step_time(width, depth, None, batch, reps, trials, hook=nothing)[1],
+             "gloo": ddp_step_time(width, depth, gloo, batch, reps, trials)[1],
+             "mpidist": ddp_step_time(width, depth, None, batch, reps, trials)[1],
+             "buckets raw MPI_Allreduce": timed(raw, reps, trials),
+             "buckets mpidist": timed(through(None), reps, trials),
+             "buckets gloo": timed(through(gloo), reps, trials)}
+        rounds.append({k: v * 1e3 for k, v in r.items()})
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    if dist.get_rank() == 0:
+        print(f"DDP step of {params} parameters, {dist.get_world_size()} ranks x {args.threads} threads; "
+              f"buckets of {', '.join(map(str, buckets))} float32 (ms, slowest rank; median of "
+              f"{args.rounds} rounds, then each round)")
+        for k, v in med.items():
+            print(f"  {k:<26} {v:9.2f}   " + " ".join(f"{r[k]:.2f}" for r in rounds))
+        print(f"  step less floor: gloo {med['gloo'] - med['floor']:.2f}, mpidist "
+              f"{med['mpidist'] - med['floor']:.2f}; gloo / mpidist {med['gloo'] / med['mpidist']:.2f}, "
+              f"bound with mpidist's all_reduce free {med['gloo'] / med['floor']:.2f}")
+    return {"params": params, "buckets": buckets, "rounds": rounds, "medians": med}
+
+
 def mpidist_group(limit: int) -> dist.ProcessGroup:
     """A group of every rank on the mpidist backend whose asynchronous calls of at most ``limit``
     bytes run blocking (0: every one overlaps). The limit is read when a group is made
@@ -206,6 +264,8 @@ def main() -> None:
     ap.add_argument("--noise", action="store_true",
                     help="also time gloo a second time in each round: gloo/gloo, the ratios' noise floor")
     ap.add_argument("--json", help="also write the results here (rank 0)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the large model's DDP step, its floor, and its buckets' all_reduce alone")
     ap.add_argument("--two-node", action="store_true",
                     help="only the large model's DDP step, with its compute and fp16 compression")
     args = ap.parse_args()
@@ -228,6 +288,13 @@ def main() -> None:
         dist.destroy_process_group()
         return
     args.ddp_reps = args.ddp_reps or 10
+    if args.breakdown:
+        res = breakdown(args, gloo)
+        if rank == 0 and args.json:
+            with open(args.json, "w") as fh:
+                json.dump(res, fh, indent=1)
+        dist.destroy_process_group()
+        return
     out = {"ranks": size, "threads": args.threads, "loader_workers": args.loader_workers, "allreduce": []}
     if not args.ddp_only:
         out["allreduce"] = allreduce_table(gloo, parse_size(args.max_bytes), args.reps, args.trials)
