@@ -107,8 +107,7 @@ class Costly(torch.utils.data.Dataset):
 
 class Batches:
     """Endless batches from a ``DataLoader`` with ``workers`` persistent worker processes;
-    :meth:`close` ends the workers (left to interpreter exit, their shutdown raced the process
-    group's and aborted a rank with "terminate called without an active exception")."""
+    :meth:`close` ends the workers before the process groups go."""
 
     def __init__(self, batch: int, workers: int, cost: float) -> None:
         self.loader = torch.utils.data.DataLoader(Costly(batch * 64, cost), batch_size=batch,

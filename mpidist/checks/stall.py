@@ -9,10 +9,17 @@ and once it passes the group's ``timeout`` it aborts the job with that report
 wait under a deadline: :data:`mpidist.core.waiting.bounded_waits`). The call and its group come
 from the call registry (:mod:`mpidist.core.registry`). The collectives do nothing for the watch: no
 slot to write, no clock to read, so the fast path costs the same watched or not.
+
+The watch holds the frames of its last sample, and with them their locals. It stops at
+interpreter exit (``atexit``), before finalization: a daemon thread whose sample held the last
+reference to a returned frame freed that frame's objects on its own thread, and a torch process
+group freed there during finalization released the GIL in its destructor, could not take it
+back, and aborted the process ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -172,10 +179,16 @@ def start_stall_watch(warn_s: float | None = None) -> StallWatch | None:
 
 
 def stop_stall_watch() -> None:
-    """Stop the stall watch thread (a later :func:`start_stall_watch` starts a new one)."""
+    """Stop the stall watch thread (a later :func:`start_stall_watch` starts a new one), and drop
+    the frames it sampled here, on the calling thread."""
     global _watch
     w, _watch = _watch, None
     if w is not None:
         w.stop.set()
         if w.thread is not threading.current_thread():
             w.thread.join()
+        w.seen = {}
+
+
+# registered after mpi4py's MPI_Finalize (imported above), so it runs before it
+atexit.register(stop_stall_watch)

@@ -119,3 +119,39 @@ def test_past_the_group_timeout_every_waiting_rank_raises(tmp_path, n):
     assert "all_reduce #1 on group 'default_pg'" in proc.stderr and "Timed out after" in proc.stderr
     assert f"not heard from rank {n - 1} (" in proc.stderr
     assert _results(tmp_path, n) == {}
+
+
+EXIT = """
+    import atexit, sys, threading
+
+    def after():  # registered before mpidist's own exit handlers, so it runs after them
+        watching = [t for t in threading.enumerate() if t.name == "mpidist-stall-watch"]
+        with open(f"{sys.argv[1]}/rank{r}.txt", "a") as f:
+            f.write(" alive at exit" if any(t.is_alive() for t in watching) else " stopped at exit")
+
+    atexit.register(after)
+    import numpy as np
+    import mpidist as dist
+
+    dist.init_process_group("mpi")
+    r = dist.get_rank()
+    running = any(t.name == "mpidist-stall-watch" for t in threading.enumerate())
+    with open(f"{sys.argv[1]}/rank{r}.txt", "w") as f:
+        f.write("watched" if running else "not watched")
+    x = np.ones(4)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_stall_watch_stops_before_the_interpreter_finalizes(tmp_path, n):
+    """The watch's daemon thread is stopped and joined at exit. Left running into finalization,
+    a sample that held the last reference to a returned frame freed that frame's objects on the
+    watch's thread; a torch process group freed there aborted the process ("terminate called
+    without an active exception", about 1 run in 20 of ``torch_backend.py`` with loader workers)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(EXIT))
+    proc = run_mpi(n, [str(script), str(tmp_path)], timeout=120, env={"MPIDIST_STALL_WARN_S": "0.05"})
+    assert proc.returncode == 0, proc.stderr
+    assert _results(tmp_path, n) == {r: "watched stopped at exit" for r in range(n)}, proc.stderr
