@@ -155,7 +155,11 @@ class _Async:
                 job()
             except BaseException as exc:  # noqa: BLE001 - reported through the request's status
                 failed.append(exc)
+            # dropped before the caller can see the request complete: held until the next job
+            # arrived, the closure kept the caller's buffer alive after the caller let it go
+            del job
             greq.Complete()
+            del greq, failed
 
 
 def _query(status: MPI.Status, failed: list) -> None:

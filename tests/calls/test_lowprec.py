@@ -231,3 +231,25 @@ def test_data_movement_keeps_the_words(dist, rank, size, name):
         elif rank == size - 1:
             dist.recv(t, src=0)
             np.testing.assert_array_equal(to64(t), xs[0])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_async_thread_keeps_no_buffer_once_done(dist, rank, size):
+    """The asynchronous 16-bit all-reduce's worker thread drops each job, and the caller's buffer
+    with it, before it completes the job's request: the array is freed once the caller drops
+    it, not when the next job reaches the thread."""
+    import gc
+    import weakref
+
+    from mpi4py import MPI
+
+    if not lowprec.ASYNC or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        pytest.skip("the 16-bit all-reduce runs on the caller's thread here")
+    t = np.ones(1000, np.float16)
+    ref = weakref.ref(t)
+    w = dist.all_reduce(t, async_op=True)
+    assert w.wait() is True
+    np.testing.assert_array_equal(t, np.full(1000, size, np.float16))
+    del t, w
+    gc.collect()
+    assert ref() is None, "the worker thread still holds the all-reduced array"
