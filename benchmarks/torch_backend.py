@@ -278,17 +278,10 @@ def main() -> None:
     dist.init_process_group("mpidist")
     gloo = dist.new_group(backend="gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    if args.two_node:
-        args.ddp_reps = args.ddp_reps or 3  # steps take a network's time: keep the run short
-        res = two_node(args, gloo)
-        if rank == 0 and args.json:
-            with open(args.json, "w") as fh:
-                json.dump(res, fh, indent=1)
-        dist.destroy_process_group()
-        return
-    args.ddp_reps = args.ddp_reps or 10
-    if args.breakdown:
-        res = breakdown(args, gloo)
+    # steps across a network take its time: keep --two-node's run short
+    args.ddp_reps = args.ddp_reps or (3 if args.two_node else 10)
+    if args.two_node or args.breakdown:  # the large model's step alone
+        res = (two_node if args.two_node else breakdown)(args, gloo)
         if rank == 0 and args.json:
             with open(args.json, "w") as fh:
                 json.dump(res, fh, indent=1)
