@@ -278,16 +278,32 @@ def test_a_large_gather_moves_while_the_senders_go_on(dist, rank, size):
     1.5 s (here: sleeps), out of any wait. What is left of the gather (the root taking the last
     sends, or a rank of MPI's tree passing 32 MiB on) moves only while its ranks test, so their
     waits must keep testing for as long as their bytes take, though a member is away: when they
-    slept instead, rank 0's gather took 3-4 s at 4 ranks on 2 cores (mpi4py: 27 ms)."""
+    slept instead, rank 0's gather took 3-4 s at 4 ranks on 2 cores (mpi4py: 27 ms).
+
+    The root finishes before any sender comes back from its sleep (so it never needed one to
+    test again), and within 1 s (so no rank of the tree crawled). The buffers are written and a
+    first gather runs before the one measured: memory a process touches for the first time can
+    cost 0.3 s per 48 MiB on a virtual machine, in MPI's copy as anywhere, and a fresh receive
+    buffer made a gather of raw mpi4py take up to 0.75 s here."""
     n = 16 << 20
     x = np.full(n, rank % 251, np.uint8)
-    into = [np.empty(n, np.uint8) for _ in range(size)] if rank == 0 else None
+    into = list(np.zeros((size, n), np.uint8) + 255) if rank == 0 else None
+    dist.gather(x, into, dst=0)
+    if rank == 0:
+        for a in into:
+            a.fill(255)
     dist.barrier()
     t0 = time.monotonic()
     dist.gather(x, into, dst=0)
-    took = time.monotonic() - t0
+    done = time.monotonic()
+    back = None
     if rank != 0:
         time.sleep(1.5)
-    ok = rank != 0 or (took < 1.0 and all(bool(np.all(a == r % 251)) for r, a in enumerate(into)))
-    got = gathered(dist, (ok, round(took, 3)))
-    assert all(o for o, _ in got), got
+        back = time.monotonic()
+    ok = rank != 0 or all(bool(np.all(a == r % 251)) for r, a in enumerate(into))
+    got = gathered(dist, (ok, round(done - t0, 3), done, back))
+    root_done = got[0][2]
+    first_back = min(b for *_, b in got[1:])
+    assert all(o for o, *_ in got), got
+    assert root_done < first_back, [(o, took) for o, took, *_ in got]
+    assert got[0][1] < 1.0, [(o, took) for o, took, *_ in got]
