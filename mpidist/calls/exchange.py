@@ -19,7 +19,18 @@ from ..core.buffers import DType, address, as_buffer, as_buffers, same_dtype
 from ..core.groups import ProcessGroup, group_rank_of, resolve
 from ..core.registry import define
 from ..core.work import Work
-from .path import Step, displacements, from_list, into_list, issue, output_and_input, overlap, size_error
+from .path import (
+    VECTOR_BYTES,
+    Step,
+    displacements,
+    from_list,
+    in_place_list,
+    into_list,
+    issue,
+    output_and_input,
+    overlap,
+    size_error,
+)
 
 IN_PLACE = MPI.IN_PLACE
 #: What a rooted call records for the cross-rank check (:mod:`mpidist.checks.signature`).
@@ -125,9 +136,23 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
                                      "gather_list", "destination", staging)
     comm = pg.comm
     sig = (call.name, inp.size, d.name, pg.ranks[root])
+    vector = inp.nbytes >= VECTOR_BYTES
     if outs is None:
+        if vector:
+            return issue(pg, call, async_op, comm.Gatherv, comm.Igatherv, ([inp, d.mpi], None, root),
+                         None, None, staging, sig=sig)
         return issue(pg, call, async_op, comm.Gather, comm.Igather, ([inp, d.mpi], None, root),
                      None, None, staging, sig=sig)
+    if vector:
+        recv, post = in_place_list(outs, d, True)
+        send: Any = [inp, d.mpi]
+        if post is None:  # MPI writes the entries where they lie
+            if inp.size and address(inp) == address(outs[root][0]):
+                send = IN_PLACE
+            elif any(overlap(inp, a) for a, _ in outs):
+                send = [inp.copy(), d.mpi]
+        return issue(pg, call, async_op, comm.Gatherv, comm.Igatherv, (send, recv, root), post,
+                     gather_list, staging, sig=sig)
     whole, post = into_list(outs, d)
     send: Any = [inp, d.mpi]
     if post is None and inp.size and address(inp) == address(outs[root][0]):
@@ -150,8 +175,22 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
                                     "scatter_list", "source", staging)
     comm = pg.comm
     sig = (call.name, out.size, d.name, pg.ranks[root])
+    vector = out.nbytes >= VECTOR_BYTES
     if ins is None:
+        if vector:
+            return issue(pg, call, async_op, comm.Scatterv, comm.Iscatterv, (None, [out, d.mpi], root),
+                         None, tensor, staging, sig=sig)
         return issue(pg, call, async_op, comm.Scatter, comm.Iscatter, (None, [out, d.mpi], root), None,
+                     tensor, staging, sig=sig)
+    if vector:
+        sendv, _ = in_place_list(ins, d, False)
+        recv: Any = [out, d.mpi]
+        if out.size and address(out) == address(ins[root][0]):
+            recv = IN_PLACE
+        elif any(overlap(out, a) for a, _ in ins):  # MPI would write what it still reads
+            sendv[0] = np.concatenate([a.reshape(-1) for a, _ in ins])
+            sendv[1] = (sendv[1][0], displacements(sendv[1][0]))
+        return issue(pg, call, async_op, comm.Scatterv, comm.Iscatterv, (sendv, recv, root), None,
                      tensor, staging, sig=sig)
     send = from_list(ins, d)
     recv: Any = [out, d.mpi]

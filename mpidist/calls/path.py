@@ -7,7 +7,8 @@ group of one rank, which no peer can keep waiting, runs the blocking routine.
 
 The helpers below are shared by the call families: list arguments that lie back to back
 in memory (``chunk``/``split`` of one buffer) are used directly, other lists go through one
-staging buffer.
+staging buffer, except where a call's vector form can name each entry where it lies
+(:func:`in_place_list`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from mpi4py import MPI
 from .. import gpu
 from ..checks import debug, signature
 from ..core import errors
-from ..core.buffers import DType, as_buffer, joined
+from ..core.buffers import DType, address, as_buffer, joined
 from ..core.groups import ProcessGroup
 from ..core.timeouts import failure, wait
 from ..core.work import Work
@@ -127,6 +128,54 @@ def into_list(outs: list[tuple[np.ndarray, DType]], d: DType) -> tuple[np.ndarra
             arr.reshape(-1)[...] = whole[off:off + n]
             off += n
     return whole, copy_out
+
+
+#: A gather or scatter whose blocks hold at least this many bytes becomes ``MPI_Gatherv`` /
+#: ``MPI_Scatterv``, so that the root's list is written or read where its entries lie
+#: (:func:`in_place_list`). The vector form must be chosen from what every rank knows (the
+#: block's size), never from the root's layout. MPICH 5, 2 cores, us, Gather / Gatherv on one
+#: contiguous buffer: 8 B, 1.3 / 1.4 at 2 ranks and 6.6 / 9.2 at 4; 4 KiB, 1.5 / 1.8 and
+#: 30.8 / 12.5; 1 MiB, 164 / 161, 537 / 529 at 3 ranks and 1146 / 708 at 4.
+VECTOR_BYTES = 4096
+
+
+def spread(bufs: list[tuple[np.ndarray, DType]], d: DType) -> tuple[Any, list[int]] | None:
+    """One MPI buffer from the lowest entry of ``bufs`` to the end of the highest, and each
+    entry's displacement in it (elements); ``None`` where two entries overlap, an entry lies
+    a part of an element off, or the span passes what an ``int`` displacement can say."""
+    item = d.raw.itemsize
+    at = [(address(a), a.nbytes, i) for i, (a, _) in enumerate(bufs)]
+    live = sorted(x for x in at if x[1])
+    if not live:
+        return None
+    base = live[0][0]
+    end = base
+    for a, n, _ in live:
+        if a < end or (a - base) % item:
+            return None
+        end = a + n
+    if (end - base) // item >= 2**31:
+        return None
+    displs = [(a - base) // item if n else 0 for a, n, _ in at]
+    return MPI.buffer.fromaddress(base, end - base), displs
+
+
+def in_place_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool) -> tuple[list, Step | None]:
+    """A vector call's buffer argument for a root's list: ``[buffer, (counts, displacements),
+    datatype]``, over the entries where they lie (:func:`spread`), else over one staging
+    array (with the step that copies it out, for an output)."""
+    counts = [a.size for a, _ in bufs]
+    whole = joined(bufs)
+    if whole is not None:
+        return [whole, (counts, displacements(counts)), d.mpi], None
+    got = spread(bufs, d)
+    if got is not None:
+        return [got[0], (counts, got[1]), d.mpi], None
+    if writable:
+        whole, post = into_list(bufs, d)
+    else:
+        whole, post = from_list(bufs, d), None
+    return [whole, (counts, displacements(counts)), d.mpi], post
 
 
 def from_list(bufs: list[tuple[np.ndarray, DType]], d: DType) -> np.ndarray:

@@ -7,6 +7,9 @@ import pytest
 from collective_cases import CALLS, run, run_all
 from helpers import assert_all_ranks_ok, rank_data
 
+from mpidist.calls.path import VECTOR_BYTES, in_place_list, spread
+from mpidist.core.buffers import as_buffer
+
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("call", CALLS)
@@ -78,6 +81,91 @@ def test_scatter_in_place_and_from_chunks(dist, rank, size):
         t = np.zeros(3)
         dist.scatter(t, None, src=src)
         np.testing.assert_array_equal(t, full[rank])
+
+
+#: Elements per entry on each side of the vector form's threshold (4 KiB of float32).
+ENTRIES = [VECTOR_BYTES // 4 - 1, VECTOR_BYTES // 4, 3000]
+
+
+def _scattered_rows(size: int, n: int, fill: float) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Rows of one buffer with a gap after each, listed last row first: not back to back, so
+    the list is staged, or named where it lies by the vector form."""
+    buf = np.full((size, n + 5), fill, np.float32)
+    return buf, [buf[size - 1 - i, :n] for i in range(size)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", ENTRIES)
+def test_gather_into_entries_apart_leaves_the_gaps(dist, rank, size, n):
+    dst = size - 1
+    buf, lst = _scattered_rows(size, n, -1.0)
+    dist.gather(rank_data(rank, (n,), np.float32), lst if rank == dst else None, dst=dst)
+    ok = True
+    if rank == dst:
+        ok = all(np.array_equal(lst[r], rank_data(r, (n,), np.float32)) for r in range(size))
+        ok = ok and bool(np.all(buf[:, n:] == -1.0))
+    assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: gather into rows apart, n={n}"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", ENTRIES)
+def test_gather_whose_tensor_lies_in_another_entry(dist, rank, size, n):
+    """The root's tensor is inside the list but not its own slot: MPI must not write over it
+    while it still reads it."""
+    dst = 0
+    if rank == dst:
+        buf, lst = _scattered_rows(size, n, -1.0)
+        mine = lst[(dst + 1) % size]
+        mine[:] = rank_data(rank, (n,), np.float32)
+        dist.gather(mine, lst, dst=dst)
+        ok = all(np.array_equal(lst[r], rank_data(r, (n,), np.float32)) for r in range(size))
+    else:
+        dist.gather(rank_data(rank, (n,), np.float32), None, dst=dst)
+        ok = True
+    assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: gather from inside the list, n={n}"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", ENTRIES)
+@pytest.mark.parametrize("where", ["apart", "own slot", "another entry"])
+def test_scatter_from_entries_apart(dist, rank, size, n, where):
+    src = size // 2
+    full = [rank_data(r, (n,), np.float32, seed=5) for r in range(size)]
+    if rank != src:
+        t = np.zeros(n, np.float32)
+        dist.scatter(t, None, src=src)
+        ok = np.array_equal(t, full[rank])
+    else:
+        buf, lst = _scattered_rows(size, n, -1.0)
+        for r in range(size):
+            lst[r][:] = full[r]
+        t = {"apart": np.zeros(n, np.float32), "own slot": lst[src],
+             "another entry": lst[(src + 1) % size]}[where]
+        dist.scatter(t, lst, src=src)
+        ok = np.array_equal(t, full[src]) and bool(np.all(buf[:, n:] == -1.0))
+        if where != "another entry":
+            ok = ok and all(np.array_equal(lst[r], full[r]) for r in range(size))
+    assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: scatter {where}, n={n}"])
+
+
+@pytest.mark.mpi
+def test_a_list_is_named_where_it_lies_unless_it_cannot_be(dist):
+    """The vector form's buffer over a list: entries in any order are used where they lie;
+    overlapping entries, an entry part of an element off, or a list with no bytes are staged."""
+    d = as_buffer(np.zeros(1, np.float32), None, "t", False, [])[1]
+    buf = np.zeros(40, np.float32)
+
+    def pairs(*arrays):
+        return [(a, d) for a in arrays]
+
+    spec, post = in_place_list(pairs(buf[30:40], buf[0:10], buf[12:22]), d, True)
+    assert post is None and spec[1] == ([10, 10, 10], [30, 0, 12])
+    assert spread(pairs(buf[0:10], buf[5:15]), d) is None
+    assert spread(pairs(buf[0:0], buf[0:0]), d) is None
+    raw = np.zeros(100, np.uint8)
+    assert spread(pairs(raw[0:40].view(np.float32), raw[41:81].view(np.float32)), d) is None
+    spec, post = in_place_list(pairs(buf[0:10], buf[5:15]), d, True)
+    assert post is not None and spec[1] == ([10, 10], [0, 10]) and spec[0].size == 20
 
 
 @pytest.mark.mpi
