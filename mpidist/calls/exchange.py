@@ -20,16 +20,18 @@ from ..core.groups import ProcessGroup, group_rank_of, resolve
 from ..core.registry import define
 from ..core.work import Work
 from .path import (
+    INSIDE,
+    OWN_SLOT,
     VECTOR_BYTES,
     Step,
     displacements,
     from_list,
-    in_place_list,
     into_list,
     issue,
     output_and_input,
     overlap,
     size_error,
+    vector_list,
 )
 
 IN_PLACE = MPI.IN_PLACE
@@ -144,13 +146,8 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
         return issue(pg, call, async_op, comm.Gather, comm.Igather, ([inp, d.mpi], None, root),
                      None, None, staging, sig=sig)
     if vector:
-        recv, post = in_place_list(outs, d, True)
-        send: Any = [inp, d.mpi]
-        if post is None:  # MPI writes the entries where they lie
-            if inp.size and address(inp) == address(outs[root][0]):
-                send = IN_PLACE
-            elif any(overlap(inp, a) for a, _ in outs):
-                send = [inp.copy(), d.mpi]
+        recv, post, where = vector_list(outs, d, True, inp, root)
+        send: Any = IN_PLACE if where == OWN_SLOT else [inp.copy() if where == INSIDE else inp, d.mpi]
         return issue(pg, call, async_op, comm.Gatherv, comm.Igatherv, (send, recv, root), post,
                      gather_list, staging, sig=sig)
     whole, post = into_list(outs, d)
@@ -183,13 +180,11 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
         return issue(pg, call, async_op, comm.Scatter, comm.Iscatter, (None, [out, d.mpi], root), None,
                      tensor, staging, sig=sig)
     if vector:
-        sendv, _ = in_place_list(ins, d, False)
-        recv: Any = [out, d.mpi]
-        if out.size and address(out) == address(ins[root][0]):
-            recv = IN_PLACE
-        elif any(overlap(out, a) for a, _ in ins):  # MPI would write what it still reads
-            sendv[0] = np.concatenate([a.reshape(-1) for a, _ in ins])
-            sendv[1] = (sendv[1][0], displacements(sendv[1][0]))
+        sendv, _, where = vector_list(ins, d, False, out, root)
+        if where == INSIDE:  # MPI would write what it still reads: send a copy of the list
+            counts = sendv[1][0]
+            sendv = [np.concatenate([a.reshape(-1) for a, _ in ins]), (counts, displacements(counts)), d.mpi]
+        recv = IN_PLACE if where == OWN_SLOT else [out, d.mpi]
         return issue(pg, call, async_op, comm.Scatterv, comm.Iscatterv, (sendv, recv, root), None,
                      tensor, staging, sig=sig)
     send = from_list(ins, d)

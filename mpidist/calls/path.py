@@ -139,43 +139,64 @@ def into_list(outs: list[tuple[np.ndarray, DType]], d: DType) -> tuple[np.ndarra
 VECTOR_BYTES = 4096
 
 
-def spread(bufs: list[tuple[np.ndarray, DType]], d: DType) -> tuple[Any, list[int]] | None:
-    """One MPI buffer from the lowest entry of ``bufs`` to the end of the highest, and each
-    entry's displacement in it (elements); ``None`` where two entries overlap, an entry lies
-    a part of an element off, or the span passes what an ``int`` displacement can say."""
+#: Where a root's own array lies against its list (:func:`vector_list`).
+APART, OWN_SLOT, INSIDE = 0, 1, 2
+
+
+def spread(bufs: list[tuple[np.ndarray, DType]], d: DType) -> tuple[int, int, list[int]] | None:
+    """``(first byte, end, displacements in elements)`` of a list's entries over one span, where
+    they lie; ``None`` where two entries overlap, an entry lies a part of an element off, or the
+    span passes what an ``int`` displacement can say. Each address is read once: this runs on
+    every vector call."""
     item = d.raw.itemsize
-    at = [(address(a), a.nbytes, i) for i, (a, _) in enumerate(bufs)]
+    at = [(address(a), a.nbytes) for a, _ in bufs]
+    base = end = at[0][0]
+    for a, n in at:  # back to back in list order (chunk, split): no sort
+        if a != end:
+            break
+        end += n
+    else:
+        if end == base or (end - base) // item >= 2**31:
+            return None
+        return base, end, displacements([n // item for _, n in at])
     live = sorted(x for x in at if x[1])
     if not live:
         return None
-    base = live[0][0]
-    end = base
-    for a, n, _ in live:
+    base = end = live[0][0]
+    for a, n in live:
         if a < end or (a - base) % item:
             return None
         end = a + n
     if (end - base) // item >= 2**31:
         return None
-    displs = [(a - base) // item if n else 0 for a, n, _ in at]
-    return MPI.buffer.fromaddress(base, end - base), displs
+    return base, end, [(a - base) // item if n else 0 for a, n in at]
 
 
-def in_place_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool) -> tuple[list, Step | None]:
-    """A vector call's buffer argument for a root's list: ``[buffer, (counts, displacements),
-    datatype]``, over the entries where they lie (:func:`spread`), else over one staging
-    array (with the step that copies it out, for an output)."""
+def vector_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool, mine: np.ndarray,
+                slot: int) -> tuple[list, Step | None, int]:
+    """A vector call's buffer argument for a root's list, ``[buffer, (counts, displacements),
+    datatype]``: over the entries where they lie (:func:`spread`), else over one staging array
+    (with the step that copies it out, for an output). And where the root's own array ``mine``
+    lies: :data:`OWN_SLOT` (it is entry ``slot``, MPI's ``IN_PLACE``), :data:`INSIDE` (it
+    overlaps another entry: MPI would write what it reads) or :data:`APART`."""
     counts = [a.size for a, _ in bufs]
-    whole = joined(bufs)
-    if whole is not None:
-        return [whole, (counts, displacements(counts)), d.mpi], None
     got = spread(bufs, d)
-    if got is not None:
-        return [got[0], (counts, got[1]), d.mpi], None
-    if writable:
-        whole, post = into_list(bufs, d)
-    else:
-        whole, post = from_list(bufs, d), None
-    return [whole, (counts, displacements(counts)), d.mpi], post
+    if got is None:
+        if writable:
+            whole, post = into_list(bufs, d)
+            return [whole, (counts, displacements(counts)), d.mpi], post, APART
+        whole = from_list(bufs, d)  # a copy, or a view where the entries lie back to back
+        where = INSIDE if overlap(mine, whole) else APART
+        return [whole, (counts, displacements(counts)), d.mpi], None, where
+    base, end, displs = got
+    where = APART
+    m, mn = address(mine), mine.nbytes
+    if mn and m < end and m + mn > base:
+        if m == address(bufs[slot][0]):
+            where = OWN_SLOT
+        elif any(m < address(a) + a.nbytes and address(a) < m + mn for a, _ in bufs if a.nbytes):
+            where = INSIDE
+    return [MPI.buffer.fromaddress(base, end - base), (counts, displs), d.mpi], None, where
 
 
 def from_list(bufs: list[tuple[np.ndarray, DType]], d: DType) -> np.ndarray:

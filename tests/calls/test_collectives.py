@@ -7,7 +7,7 @@ import pytest
 from collective_cases import CALLS, run, run_all
 from helpers import assert_all_ranks_ok, rank_data
 
-from mpidist.calls.path import VECTOR_BYTES, in_place_list, spread
+from mpidist.calls.path import APART, INSIDE, OWN_SLOT, VECTOR_BYTES, spread, vector_list
 from mpidist.core.buffers import as_buffer
 
 
@@ -151,21 +151,32 @@ def test_scatter_from_entries_apart(dist, rank, size, n, where):
 @pytest.mark.mpi
 def test_a_list_is_named_where_it_lies_unless_it_cannot_be(dist):
     """The vector form's buffer over a list: entries in any order are used where they lie;
-    overlapping entries, an entry part of an element off, or a list with no bytes are staged."""
+    overlapping entries, an entry part of an element off, or a list with no bytes are staged.
+    The root's own array is told apart: its own slot, inside another entry, or elsewhere."""
     d = as_buffer(np.zeros(1, np.float32), None, "t", False, [])[1]
     buf = np.zeros(40, np.float32)
+    elsewhere = np.zeros(10, np.float32)
 
     def pairs(*arrays):
         return [(a, d) for a in arrays]
 
-    spec, post = in_place_list(pairs(buf[30:40], buf[0:10], buf[12:22]), d, True)
-    assert post is None and spec[1] == ([10, 10, 10], [30, 0, 12])
+    lst = pairs(buf[30:40], buf[0:10], buf[12:22])
+    spec, post, where = vector_list(lst, d, True, elsewhere, 0)
+    assert post is None and spec[1] == ([10, 10, 10], [30, 0, 12]) and where == APART
+    assert vector_list(lst, d, True, buf[30:40], 0)[2] == OWN_SLOT
+    assert vector_list(lst, d, True, buf[30:40], 1)[2] == INSIDE
+    assert vector_list(lst, d, False, buf[20:25], 1)[2] == INSIDE
+    assert vector_list(lst, d, False, buf[22:30], 1)[2] == APART  # in the span, in a gap
+    assert spread(pairs(buf[0:10], buf[10:20]), d)[2] == [0, 10]
     assert spread(pairs(buf[0:10], buf[5:15]), d) is None
     assert spread(pairs(buf[0:0], buf[0:0]), d) is None
     raw = np.zeros(100, np.uint8)
     assert spread(pairs(raw[0:40].view(np.float32), raw[41:81].view(np.float32)), d) is None
-    spec, post = in_place_list(pairs(buf[0:10], buf[5:15]), d, True)
+    spec, post, where = vector_list(pairs(buf[0:10], buf[5:15]), d, True, elsewhere, 0)
     assert post is not None and spec[1] == ([10, 10], [0, 10]) and spec[0].size == 20
+    whole = buf[0:20]
+    spec, post, where = vector_list(pairs(whole[0:10], whole[5:15]), d, False, buf[3:5], 0)
+    assert where == APART and spec[0].size == 20  # the list was copied: the root's array is apart
 
 
 @pytest.mark.mpi
