@@ -127,7 +127,9 @@ def _root_list(pg: ProcessGroup, call: Any, lst: Any, arg: str, root: int, role:
 @define(fingerprint=agree(tensor=ARRAY, dst=ROOT), signature=ROOTED)
 def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None,
            group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
-    """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (``MPI_Gather``).
+    """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (``MPI_Gather``; from
+    :data:`~mpidist.calls.path.VECTOR_BYTES` per block ``MPI_Gatherv``, which writes each entry
+    of ``gather_list`` where it lies).
 
     Only the destination passes ``gather_list`` (one array per rank, each the size of
     ``tensor``); the others pass ``None``.
@@ -161,7 +163,9 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
 @define(fingerprint=agree(tensor=ARRAY, src=ROOT), signature=ROOTED)
 def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None,
             group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
-    """Send ``scatter_list[i]`` from ``src`` to rank i's ``tensor`` (``MPI_Scatter``).
+    """Send ``scatter_list[i]`` from ``src`` to rank i's ``tensor`` (``MPI_Scatter``; from
+    :data:`~mpidist.calls.path.VECTOR_BYTES` per block ``MPI_Scatterv``, which reads each entry
+    of ``scatter_list`` where it lies).
 
     Only the source passes ``scatter_list`` (one array per rank, each the size of
     ``tensor``); the others pass ``None``.
