@@ -31,6 +31,7 @@ from .path import (
     output_and_input,
     overlap,
     size_error,
+    spans_meet,
     vector_list,
 )
 
@@ -201,13 +202,15 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
 
 def _alltoall(pg: ProcessGroup, call: Any, send: np.ndarray, scounts: list[int], recv: np.ndarray,
               rcounts: list[int], d: DType, post: Step | None, async_op: bool, output: Any,
-              staging: list) -> Work | None:
+              staging: list, equal: bool) -> Work | None:
+    """``MPI_Alltoall`` where ``equal`` (no split sizes given: every rank knows the split is
+    even), else ``MPI_Alltoallv``: every rank must call the same routine, and equal sizes on
+    one rank say nothing of another's."""
     if overlap(send, recv):
         send = send.copy()  # MPI forbids overlapping send and receive buffers
     comm = pg.comm
-    n = scounts[0] if scounts else 0
     sig, pairs = (call.name, d.name), (scounts, rcounts)
-    if all(c == n for c in scounts) and all(c == n for c in rcounts):
+    if equal:
         return issue(pg, call, async_op, comm.Alltoall, comm.Ialltoall, ([send, d.mpi], [recv, d.mpi]),
                      post, output, staging, sig=sig, pairs=pairs)
     return issue(pg, call, async_op, comm.Alltoallv, comm.Ialltoallv,
@@ -221,7 +224,8 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
                async_op: bool = False) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j, receive rank j's into ``output_tensor_list[j]``.
 
-    Becomes ``MPI_Alltoall`` for equal sizes, ``MPI_Alltoallv`` otherwise.
+    Becomes ``MPI_Alltoallv`` on every rank (one rank's equal sizes say nothing of another's, and
+    every rank must call the same routine), which reads and writes each entry where it lies.
     """
     call = all_to_all.call
     pg = resolve(group, call)
@@ -233,13 +237,23 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     d = ins[0][1]
     same_dtype(ins, d, call, "input_tensor_list")
     same_dtype(outs, d, call, "output_tensor_list")
-    recv, post = into_list(outs, d)
-    return _alltoall(pg, call, from_list(ins, d), [a.size for a, _ in ins], recv, [a.size for a, _ in outs],
-                     d, post, async_op, output_tensor_list, staging)
+    recv, post, _ = vector_list(outs, d, True)
+    send, _, _ = vector_list(ins, d, False)
+    if spans_meet(send[0], recv[0]):  # MPI forbids overlapping send and receive buffers
+        counts = send[1][0]
+        send = [np.concatenate([a.reshape(-1) for a, _ in ins]), (counts, displacements(counts)), d.mpi]
+    comm = pg.comm
+    return issue(pg, call, async_op, comm.Alltoallv, comm.Ialltoallv, (send, recv), post, output_tensor_list,
+                 staging, sig=(call.name, d.name), pairs=(send[1][0], recv[1][0]))
+
+
+def _even(splits: Any) -> bool:
+    """No split sizes given: the rows split evenly (torch's ``None`` or ``[]``)."""
+    return splits is None or len(splits) == 0
 
 
 def _splits(splits: Any, rows: int, size: int, call: Any, arg: str) -> list[int]:
-    if splits is None or len(splits) == 0:
+    if _even(splits):
         if rows % size:
             raise errors.value_error(
                 call, f"the first dimension of '{arg.split('_')[0]}' ({rows}) is not divisible "
@@ -262,7 +276,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
                       async_op: bool = False) -> Work | None:
     """Split ``input`` along dim 0, send piece j to rank j, concatenate what arrives in ``output``.
 
-    Equal splits become ``MPI_Alltoall``; ``*_split_sizes`` (rows per rank) ``MPI_Alltoallv``.
+    No split sizes (an even split) become ``MPI_Alltoall``; given ``*_split_sizes`` (rows per
+    rank), even equal ones, ``MPI_Alltoallv``, as in torch's MPI backend: every rank must call
+    the same routine, and one rank's equal sizes say nothing of another's.
     """
     call = all_to_all_single.call
     pg = resolve(group, call)
@@ -278,4 +294,4 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     scounts = [s * row for s in _splits(input_split_sizes, in_rows, pg._size, call, "input_split_sizes")]
     rcounts = [s * row for s in _splits(output_split_sizes, out_rows, pg._size, call, "output_split_sizes")]
     return _alltoall(pg, call, inp.reshape(-1), scounts, out.reshape(-1), rcounts, d, None, async_op,
-                     output, staging)
+                     output, staging, _even(input_split_sizes) and _even(output_split_sizes))

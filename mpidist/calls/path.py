@@ -172,9 +172,9 @@ def spread(bufs: list[tuple[np.ndarray, DType]], d: DType) -> tuple[int, int, li
     return base, end, [(a - base) // item if n else 0 for a, n in at]
 
 
-def vector_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool, mine: np.ndarray,
-                slot: int) -> tuple[list, Step | None, int]:
-    """A vector call's buffer argument for a root's list, ``[buffer, (counts, displacements),
+def vector_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool,
+                mine: np.ndarray | None = None, slot: int = 0) -> tuple[list, Step | None, int]:
+    """A vector call's buffer argument for a list, ``[buffer, (counts, displacements),
     datatype]``: over the entries where they lie (:func:`spread`), else over one staging array
     (with the step that copies it out, for an output). And where the root's own array ``mine``
     lies: :data:`OWN_SLOT` (it is entry ``slot``, MPI's ``IN_PLACE``), :data:`INSIDE` (it
@@ -186,17 +186,26 @@ def vector_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool, 
             whole, post = into_list(bufs, d)
             return [whole, (counts, displacements(counts)), d.mpi], post, APART
         whole = from_list(bufs, d)  # a copy, or a view where the entries lie back to back
-        where = INSIDE if overlap(mine, whole) else APART
+        where = INSIDE if mine is not None and overlap(mine, whole) else APART
         return [whole, (counts, displacements(counts)), d.mpi], None, where
     base, end, displs = got
     where = APART
-    m, mn = address(mine), mine.nbytes
+    m, mn = (address(mine), mine.nbytes) if mine is not None else (0, 0)
     if mn and m < end and m + mn > base:
         if m == address(bufs[slot][0]):
             where = OWN_SLOT
         elif any(m < address(a) + a.nbytes and address(a) < m + mn for a, _ in bufs if a.nbytes):
             where = INSIDE
     return [MPI.buffer.fromaddress(base, end - base), (counts, displs), d.mpi], None, where
+
+
+def spans_meet(a: Any, b: Any) -> bool:
+    """Do the memory spans of two buffers (arrays or ``MPI.buffer``) meet?"""
+    a = a if isinstance(a, MPI.buffer) else MPI.buffer(a)
+    b = b if isinstance(b, MPI.buffer) else MPI.buffer(b)
+    if not a.nbytes or not b.nbytes:
+        return False
+    return a.address < b.address + b.nbytes and b.address < a.address + a.nbytes
 
 
 def from_list(bufs: list[tuple[np.ndarray, DType]], d: DType) -> np.ndarray:

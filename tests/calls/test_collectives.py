@@ -148,6 +148,64 @@ def test_scatter_from_entries_apart(dist, rank, size, n, where):
     assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: scatter {where}, n={n}"])
 
 
+def _a2a_count(i: int, j: int, n: int) -> int:
+    """Elements rank i sends rank j: rank 0 exchanges n with everyone (its sizes are all equal),
+    the others send themselves n + 1, so the ranks' own lists are equal on one rank only."""
+    return n if (i == 0 or j == 0 or i != j) else n + 1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 3000])
+@pytest.mark.parametrize("layout", ["apart", "one buffer", "same list"])
+def test_all_to_all_lists_where_one_rank_has_equal_sizes(dist, rank, size, n, layout):
+    """Every rank calls the same MPI routine whatever its own sizes; each entry is read and
+    written where it lies, the gaps between entries stay as they were, and a list given as
+    both input and output is read before it is written."""
+    def value(i, j, k):
+        return rank_data(i * 131 + j, (k,), np.float64, seed=6)
+
+    sends = [value(rank, j, _a2a_count(rank, j, n)) for j in range(size)]
+    expect = [value(j, rank, _a2a_count(j, rank, n)) for j in range(size)]
+    if layout == "apart":
+        outs = [np.full(_a2a_count(j, rank, n), -1.0) for j in range(size)]
+        ins = sends
+    elif layout == "one buffer":  # each list inside one buffer, entries in reverse order, gaps between
+        k = max(len(e) for e in expect) + 3
+        back = np.full((size, k), -1.0)
+        outs = [back[size - 1 - j, :len(expect[j])] for j in range(size)]
+        front = np.full((size, k), -2.0)
+        ins = [front[size - 1 - j, :len(sends[j])] for j in range(size)]
+        for j in range(size):
+            ins[j][:] = sends[j]
+    else:  # the same arrays in and out (the counts are symmetric: rank i sends j what j sends i)
+        outs = ins = [s.copy() for s in sends]
+    dist.all_to_all(outs, ins)
+    ok = all(np.array_equal(outs[j], expect[j]) for j in range(size))
+    if layout == "one buffer":
+        ok = ok and all(bool(np.all(back[size - 1 - j, len(expect[j]):] == -1.0)) for j in range(size))
+    assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: all_to_all {layout}, n={n}"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 3000])
+def test_all_to_all_single_splits_where_one_rank_has_equal_sizes(dist, rank, size, n):
+    """Split sizes given on every rank, equal on rank 0 only; and an even split given as sizes
+    on one side and left out on the other, against the call with none."""
+    sends = [_a2a_count(rank, j, n) for j in range(size)]
+    gets = [_a2a_count(j, rank, n) for j in range(size)]
+    x = np.concatenate([rank_data(rank * 131 + j, (sends[j],), np.float64, seed=7) for j in range(size)])
+    y = np.full(sum(gets), -1.0)
+    dist.all_to_all_single(y, x, gets, sends)
+    expect = np.concatenate([rank_data(j * 131 + rank, (gets[j],), np.float64, seed=7) for j in range(size)])
+    ok = np.array_equal(y, expect)
+    x = rank_data(rank, (size * 4, n), np.float32, seed=8)
+    y, y_none = np.empty_like(x), np.empty_like(x)
+    dist.all_to_all_single(y, x, None, np.array([4] * size))
+    dist.all_to_all_single(y_none, x)
+    ok = ok and np.array_equal(y, y_none)
+    assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: all_to_all_single, n={n}"])
+
+
 @pytest.mark.mpi
 def test_a_list_is_named_where_it_lies_unless_it_cannot_be(dist):
     """The vector form's buffer over a list: entries in any order are used where they lie;
