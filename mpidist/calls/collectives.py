@@ -234,7 +234,8 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
 
 
 def _reduce_scatter(pg: ProcessGroup, call: Any, out: np.ndarray, send: np.ndarray, d: DType,
-                    p: Plan, async_op: bool, output: Any, staging: list, op: Any) -> Work | None:
+                    p: Plan, async_op: bool, output: Any, staging: list, op: Any,
+                    hold: Any = None) -> Work | None:
     recv = out
     post = _average(p, out, d, pg._size)
     if overlap(out, send):  # MPI forbids overlapping send and receive buffers
@@ -246,7 +247,7 @@ def _reduce_scatter(pg: ProcessGroup, call: Any, out: np.ndarray, send: np.ndarr
     comm = _reducer(p, pg, call)
     return issue(pg, call, async_op, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
                  ([send, d.mpi], [recv, d.mpi], p.op), post, output, staging, p.lowprec is not None,
-                 (call.name, out.size, d.name, op_name(op, call)))
+                 (call.name, out.size, d.name, op_name(op, call)), hold=hold)
 
 
 @define(fingerprint=agree(op=OP, output=ARRAY, input_list=ARRAY), reducing=True, signature=REDUCED)
@@ -262,8 +263,8 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM, g
         if a.size != out.size:
             raise size_error(call, f"input_list[{i}]", a.size, out.size, "the size of 'output'")
     p = plan(op, d, call)
-    send = _send_operand(from_list(ins, d), d, p)
-    return _reduce_scatter(pg, call, out, send, d, p, async_op, output, staging, op)
+    send = _send_operand(from_list(ins, d), d, p)  # a view where the entries lie back to back
+    return _reduce_scatter(pg, call, out, send, d, p, async_op, output, staging, op, hold=ins)
 
 
 @define(fingerprint=agree(op=OP, output=ARRAY, input=ARRAY), gpu_direct=True, reducing=True,

@@ -152,7 +152,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
         recv, post, where = vector_list(outs, d, True, inp, root)
         send: Any = IN_PLACE if where == OWN_SLOT else [inp.copy() if where == INSIDE else inp, d.mpi]
         return issue(pg, call, async_op, comm.Gatherv, comm.Igatherv, (send, recv, root), post,
-                     gather_list, staging, sig=sig)
+                     gather_list, staging, sig=sig, hold=outs)
     whole, post = into_list(outs, d)
     send: Any = [inp, d.mpi]
     if post is None and inp.size and address(inp) == address(outs[root][0]):
@@ -191,13 +191,13 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
             sendv = [np.concatenate([a.reshape(-1) for a, _ in ins]), (counts, displacements(counts)), d.mpi]
         recv = IN_PLACE if where == OWN_SLOT else [out, d.mpi]
         return issue(pg, call, async_op, comm.Scatterv, comm.Iscatterv, (sendv, recv, root), None,
-                     tensor, staging, sig=sig)
+                     tensor, staging, sig=sig, hold=ins)
     send = from_list(ins, d)
     recv: Any = [out, d.mpi]
     if out.size and address(out) == address(send) + root * out.nbytes:
         recv = IN_PLACE
     return issue(pg, call, async_op, comm.Scatter, comm.Iscatter, ([send, d.mpi], recv, root), None,
-                 tensor, staging, sig=sig)
+                 tensor, staging, sig=sig, hold=ins)
 
 
 def _alltoall(pg: ProcessGroup, call: Any, send: np.ndarray, scounts: list[int], recv: np.ndarray,
@@ -244,7 +244,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
         send = [np.concatenate([a.reshape(-1) for a, _ in ins]), (counts, displacements(counts)), d.mpi]
     comm = pg.comm
     return issue(pg, call, async_op, comm.Alltoallv, comm.Ialltoallv, (send, recv), post, output_tensor_list,
-                 staging, sig=(call.name, d.name), pairs=(send[1][0], recv[1][0]))
+                 staging, sig=(call.name, d.name), pairs=(send[1][0], recv[1][0]), hold=ins)
 
 
 def _even(splits: Any) -> bool:

@@ -33,7 +33,7 @@ def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., A
           nonblocking: Callable[..., Any], args: tuple, post: Step | None = None,
           output: Any = None, staging: list[gpu.Staged] | None = None,
           own_waits: bool = False, sig: tuple | None = None,
-          pairs: tuple[Sequence[int], Sequence[int]] | None = None) -> Work | None:
+          pairs: tuple[Sequence[int], Sequence[int]] | None = None, hold: Any = None) -> Work | None:
     """Complete ``nonblocking(*args)`` (``blocking`` on one rank), then ``post()``; or a Work.
 
     ``staging`` holds the call's device buffers: their copy-back and release join ``post``.
@@ -41,13 +41,16 @@ def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., A
     :mod:`mpidist.calls.lowprec`), run as it is rather than through its nonblocking form.
     ``sig`` (and an all-to-all's ``pairs``) is what the default cross-rank check records
     (:func:`mpidist.checks.signature.note`), before any MPI routine of the call starts.
+    ``hold``: what a Work must keep alive besides ``args`` (the arrays of a list that ``args``
+    names only by address, :func:`vector_list`).
     """
     if staging:
         post = gpu.completion(staging, post, output)
     try:
         start(pg, sig, pairs)
         if async_op:
-            return Work((nonblocking(*args),), call, post, output, pg, keep=args)
+            keep = args if hold is None else (*args, Held(hold))
+            return Work((nonblocking(*args),), call, post, output, pg, keep=keep)
         if pg._size == 1 or own_waits:
             blocking_call(pg, call, blocking, args)
         else:
@@ -63,6 +66,15 @@ def issue(pg: ProcessGroup, call: Any, async_op: bool, blocking: Callable[..., A
     if post is not None:
         post()
     return None
+
+
+class Held:
+    """Objects a Work keeps alive that are no buffer of its own: not counted in its bytes."""
+
+    __slots__ = ("objects",)
+
+    def __init__(self, objects: Any) -> None:
+        self.objects = objects
 
 
 def start(pg: ProcessGroup, sig: tuple | None, pairs: Any = None) -> None:

@@ -207,6 +207,53 @@ def test_all_to_all_single_splits_where_one_rank_has_equal_sizes(dist, rank, siz
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("call", ["all_to_all", "scatter", "gather", "scatter chunks",
+                                  "reduce_scatter chunks"])
+def test_async_list_calls_keep_their_lists_alive(dist, rank, size, call):
+    """MPI names the entries of a list by address only: the Work must keep them alive, so a list
+    the caller drops before ``wait()`` (and memory taken again at once) changes nothing."""
+    import gc
+
+    m = 1 << 17  # 1 MiB of float64 per entry: past MPI's eager sizes
+    def fill(i, j):
+        return np.full(m, i * 100 + j, np.float64)
+
+    if call == "all_to_all":
+        outs = [np.zeros(m) for _ in range(size)]
+        work = dist.all_to_all(outs, [fill(rank, j) for j in range(size)], async_op=True)
+        expect = [fill(j, rank) for j in range(size)]
+    elif call == "scatter":
+        outs = [np.zeros(m)]
+        work = dist.scatter(outs[0], [fill(0, j) for j in range(size)] if rank == 0 else None, src=0,
+                            async_op=True)
+        expect = [fill(0, rank)]
+    elif call == "scatter chunks":  # small entries, back to back: MPI_Scatter over a view of them
+        outs = [np.zeros(100)]
+        lst = list(np.arange(size * 100, dtype=np.float64).reshape(size, 100)) if rank == 0 else None
+        work = dist.scatter(outs[0], lst, src=0, async_op=True)
+        del lst
+        expect = [np.arange(rank * 100, rank * 100 + 100, dtype=np.float64)]
+    elif call == "reduce_scatter chunks":
+        outs = [np.zeros(m)]
+        chunks = list(np.stack([fill(rank, j) for j in range(size)]))
+        work = dist.reduce_scatter(outs[0], chunks, async_op=True)
+        del chunks
+        expect = [sum(fill(i, rank) for i in range(size))]
+    else:
+        lst = [np.zeros(m) for _ in range(size)] if rank == 0 else None
+        outs = lst or []
+        work = dist.gather(fill(rank, 0), lst, dst=0, async_op=True)
+        del lst
+        expect = [fill(j, 0) for j in range(size)] if rank == 0 else []
+    gc.collect()
+    taken = [np.full(m, -1.0) for _ in range(2 * size)]  # would reuse freed memory
+    work.wait()
+    ok = all(np.array_equal(o, e) for o, e in zip(outs, expect))
+    ok = ok and all(bool(np.all(t == -1.0)) for t in taken)
+    assert_all_ranks_ok(dist, [] if ok else [f"rank {rank}: async {call} after its list was dropped"])
+
+
+@pytest.mark.mpi
 def test_a_list_is_named_where_it_lies_unless_it_cannot_be(dist):
     """The vector form's buffer over a list: entries in any order are used where they lie;
     overlapping entries, an entry part of an element off, or a list with no bytes are staged.
