@@ -24,6 +24,7 @@ from .path import (
     OWN_SLOT,
     VECTOR_BYTES,
     Step,
+    copied_list,
     displacements,
     from_list,
     into_list,
@@ -142,23 +143,20 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     comm = pg.comm
     sig = (call.name, inp.size, d.name, pg.ranks[root])
     vector = inp.nbytes >= VECTOR_BYTES
+    routines = (comm.Gatherv, comm.Igatherv) if vector else (comm.Gather, comm.Igather)
     if outs is None:
-        if vector:
-            return issue(pg, call, async_op, comm.Gatherv, comm.Igatherv, ([inp, d.mpi], None, root),
-                         None, None, staging, sig=sig)
-        return issue(pg, call, async_op, comm.Gather, comm.Igather, ([inp, d.mpi], None, root),
-                     None, None, staging, sig=sig)
+        return issue(pg, call, async_op, *routines, ([inp, d.mpi], None, root), None, None, staging, sig=sig)
     if vector:
         recv, post, where = vector_list(outs, d, True, inp, root)
         send: Any = IN_PLACE if where == OWN_SLOT else [inp.copy() if where == INSIDE else inp, d.mpi]
-        return issue(pg, call, async_op, comm.Gatherv, comm.Igatherv, (send, recv, root), post,
-                     gather_list, staging, sig=sig, hold=outs)
+        return issue(pg, call, async_op, *routines, (send, recv, root), post, gather_list, staging, sig=sig,
+                     hold=outs)
     whole, post = into_list(outs, d)
     send: Any = [inp, d.mpi]
     if post is None and inp.size and address(inp) == address(outs[root][0]):
         send = IN_PLACE
-    return issue(pg, call, async_op, comm.Gather, comm.Igather, (send, [whole, d.mpi], root), post,
-                 gather_list, staging, sig=sig)
+    return issue(pg, call, async_op, *routines, (send, [whole, d.mpi], root), post, gather_list, staging,
+                 sig=sig)
 
 
 @define(fingerprint=agree(tensor=ARRAY, src=ROOT), signature=ROOTED)
@@ -178,26 +176,23 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     comm = pg.comm
     sig = (call.name, out.size, d.name, pg.ranks[root])
     vector = out.nbytes >= VECTOR_BYTES
+    routines = (comm.Scatterv, comm.Iscatterv) if vector else (comm.Scatter, comm.Iscatter)
     if ins is None:
-        if vector:
-            return issue(pg, call, async_op, comm.Scatterv, comm.Iscatterv, (None, [out, d.mpi], root),
-                         None, tensor, staging, sig=sig)
-        return issue(pg, call, async_op, comm.Scatter, comm.Iscatter, (None, [out, d.mpi], root), None,
-                     tensor, staging, sig=sig)
+        return issue(pg, call, async_op, *routines, (None, [out, d.mpi], root), None, tensor, staging,
+                     sig=sig)
     if vector:
         sendv, _, where = vector_list(ins, d, False, out, root)
         if where == INSIDE:  # MPI would write what it still reads: send a copy of the list
-            counts = sendv[1][0]
-            sendv = [np.concatenate([a.reshape(-1) for a, _ in ins]), (counts, displacements(counts)), d.mpi]
+            sendv = copied_list(ins, d)
         recv = IN_PLACE if where == OWN_SLOT else [out, d.mpi]
-        return issue(pg, call, async_op, comm.Scatterv, comm.Iscatterv, (sendv, recv, root), None,
-                     tensor, staging, sig=sig, hold=ins)
+        return issue(pg, call, async_op, *routines, (sendv, recv, root), None, tensor, staging, sig=sig,
+                     hold=ins)
     send = from_list(ins, d)
     recv: Any = [out, d.mpi]
     if out.size and address(out) == address(send) + root * out.nbytes:
         recv = IN_PLACE
-    return issue(pg, call, async_op, comm.Scatter, comm.Iscatter, ([send, d.mpi], recv, root), None,
-                 tensor, staging, sig=sig, hold=ins)
+    return issue(pg, call, async_op, *routines, ([send, d.mpi], recv, root), None, tensor, staging, sig=sig,
+                 hold=ins)
 
 
 def _alltoall(pg: ProcessGroup, call: Any, send: np.ndarray, scounts: list[int], recv: np.ndarray,
@@ -240,8 +235,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     recv, post, _ = vector_list(outs, d, True)
     send, _, _ = vector_list(ins, d, False)
     if spans_meet(send[0], recv[0]):  # MPI forbids overlapping send and receive buffers
-        counts = send[1][0]
-        send = [np.concatenate([a.reshape(-1) for a, _ in ins]), (counts, displacements(counts)), d.mpi]
+        send = copied_list(ins, d)
     comm = pg.comm
     return issue(pg, call, async_op, comm.Alltoallv, comm.Ialltoallv, (send, recv), post, output_tensor_list,
                  staging, sig=(call.name, d.name), pairs=(send[1][0], recv[1][0]), hold=ins)

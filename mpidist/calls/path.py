@@ -211,6 +211,14 @@ def vector_list(bufs: list[tuple[np.ndarray, DType]], d: DType, writable: bool,
     return [MPI.buffer.fromaddress(base, end - base), (counts, displs), d.mpi], None, where
 
 
+def copied_list(bufs: list[tuple[np.ndarray, DType]], d: DType) -> list:
+    """A vector call's buffer argument over a copy of an input list, entries back to back: for a
+    list whose memory MPI would also write."""
+    counts = [a.size for a, _ in bufs]
+    whole = np.concatenate([a.reshape(-1) for a, _ in bufs]) if bufs else np.empty(0, d.raw)
+    return [whole, (counts, displacements(counts)), d.mpi]
+
+
 def spans_meet(a: Any, b: Any) -> bool:
     """Do the memory spans of two buffers (arrays or ``MPI.buffer``) meet?"""
     a = a if isinstance(a, MPI.buffer) else MPI.buffer(a)
