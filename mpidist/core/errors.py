@@ -42,6 +42,14 @@ def type_name(obj: object) -> str:
     return f"{mod.split('.')[0]}.{t.__qualname__}"
 
 
+class NotAMemberError(ValueError):
+    """A call named a group this rank is not a member of (``GroupMember.NON_GROUP_MEMBER``).
+
+    The declared calls do what torch does there: warn and return without communicating
+    (:func:`mpidist.core.registry.define`); anything else that needs the group sees a ``ValueError``.
+    """
+
+
 class MPICallError(RuntimeError):
     """An MPI routine failed while a call ran; ``mpi_error_class`` is MPI's error class."""
 

@@ -138,7 +138,8 @@ def _unusable(pg: ProcessGroup, call: Any) -> RuntimeError:
 
 
 def resolve(grp: Any, call: Any) -> ProcessGroup:
-    """The group a call runs on: ``None`` is the default group; non-members are refused."""
+    """The group a call runs on: ``None`` is the default group; ``NON_GROUP_MEMBER`` raises
+    :class:`~mpidist.core.errors.NotAMemberError` (a declared call returns on it, as in torch)."""
     if grp is None:
         pg = registry.world
         if pg is None:
@@ -152,9 +153,8 @@ def resolve(grp: Any, call: Any) -> ProcessGroup:
         return grp
     if grp is GroupMember.NON_GROUP_MEMBER:
         world(call)
-        raise errors.value_error(
-            call, "this rank is not a member of the group (new_group returned NON_GROUP_MEMBER)"
-        )
+        raise errors.NotAMemberError(errors.message(
+            call, "this rank is not a member of the group (new_group returned NON_GROUP_MEMBER)"))
     raise errors.type_error(call, f"group must be a ProcessGroup or None, got {grp!r}")
 
 

@@ -19,6 +19,7 @@ and it prints as the name in every error message.
 from __future__ import annotations
 
 import inspect
+import warnings
 from types import CodeType, FrameType
 from typing import Any, Callable
 
@@ -112,8 +113,21 @@ def set_hook(owner: str, run: Hook | None) -> None:
         scope["_hook"] = composed
 
 
-def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
-    """A function with ``body``'s exact signature that checks the hook, then runs ``body``.
+def _absent(call: Call) -> Any:
+    """What a call returns on a group this rank is not a member of, after torch's warning:
+    ``-1`` for ``recv`` and ``recv_object_list`` (torch's "not part of the group"), ``None`` for
+    every other call."""
+    from .errors import WORLD_RANK
+
+    warnings.warn(f"Running {call.name} on global rank {WORLD_RANK} which does not belong to the "
+                  "given group.", stacklevel=3)
+    return -1 if call.name in ("recv", "recv_object_list") else None
+
+
+def _entry(body: Callable[..., Any], call: Call, hooked: bool) -> Callable[..., Any]:
+    """A function with ``body``'s exact signature that checks the hook (``hooked``), then runs
+    ``body``; where the call names a group, a group this rank is not in makes it return
+    (:func:`_absent`), as torch's calls do.
 
     Generated rather than written with ``*args, **kwargs``: keyword and positional calls keep
     torch's signature, and the common case pays one plain call.
@@ -128,13 +142,23 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
             defaults[f"_d_{p.name}"] = p.default
             params.append(f"{p.name}=_d_{p.name}")
         names.append(p.name)
+    from .errors import NotAMemberError  # MPI is up by the time calls are declared
+
     args = ", ".join(names)
-    src = (f"def {body.__name__}({', '.join(params)}):\n"
-           f"    if _hook is not None:\n"
-           f"        return _hook(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
-           f"    return _body({args})\n")
-    scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, **defaults}
-    _SCOPES.append(scope)
+    lines = [f"def {body.__name__}({', '.join(params)}):"]
+    if call.group_arg:  # torch's rule for a group this rank is not in: warn and return
+        lines.append("  try:")
+    if hooked:
+        lines += ["    if _hook is not None:",
+                  f"        return _hook(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})"]
+    lines.append(f"    return _body({args})")
+    if call.group_arg:
+        lines += ["  except _NotMember:", "    return _absent(_call)"]
+    src = "\n".join(lines) + "\n"
+    scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, "_NotMember": NotAMemberError,
+                             "_absent": _absent, **defaults}
+    if hooked:
+        _SCOPES.append(scope)
     exec(compile(src, f"<mpidist.core.registry {body.__name__}>", "exec"), scope)  # noqa: S102
     fn = scope[body.__name__]
     fn.__doc__, fn.__module__, fn.__qualname__ = body.__doc__, body.__module__, body.__qualname__
@@ -159,7 +183,7 @@ def define(name: str | None = None, *, fingerprint: Fingerprint | None = None,
                     signature)
         REGISTRY[call.name] = call
         _CODES[body.__code__] = call
-        fn = _entry(body, call) if hooked else body
+        fn = _entry(body, call, hooked) if hooked or call.group_arg else body
         call.function = fn
         body.call = call
         return fn

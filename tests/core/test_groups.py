@@ -145,13 +145,45 @@ def test_calls_on_a_group_this_rank_is_not_in(dist, rank, size):
     pg = dist.new_group([0])
     if rank != 0:
         assert pg is dist.GroupMember.NON_GROUP_MEMBER and not pg
-        for fn in (lambda: dist.all_reduce(np.ones(1), group=pg),
-                   lambda: dist.broadcast(np.ones(1), src=0, group=pg),
-                   lambda: dist.barrier(group=pg),
-                   lambda: dist.all_gather_object([None], 1, group=pg),
-                   lambda: dist.get_backend(pg)):
-            with pytest.raises(ValueError, match=f"rank {rank}: this rank is not a member"):
-                fn()
+        t = np.full(2, 7.0)
+        # torch's rule: every call that names a group warns and returns without communicating
+        # (recv and recv_object_list return -1); the arrays are left as they were
+        calls = {
+            "all_reduce": lambda: dist.all_reduce(t, group=pg, async_op=True),
+            "broadcast": lambda: dist.broadcast(t, src=0, group=pg),
+            "reduce": lambda: dist.reduce(t, dst=0, group=pg),
+            "reduce_scatter": lambda: dist.reduce_scatter(t, [t] * size, group=pg),
+            "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(t, np.zeros(2 * size), group=pg),
+            "barrier": lambda: dist.barrier(group=pg),
+            "monitored_barrier": lambda: dist.monitored_barrier(group=pg),
+            "all_gather": lambda: dist.all_gather([t] * size, t, group=pg),
+            "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(np.zeros(2 * size), t, group=pg),
+            "gather": lambda: dist.gather(t, None, dst=0, group=pg),
+            "scatter": lambda: dist.scatter(t, None, src=0, group=pg),
+            "all_to_all": lambda: dist.all_to_all([t] * size, [t] * size, group=pg),
+            "all_to_all_single": lambda: dist.all_to_all_single(t, t.copy(), group=pg),
+            "send": lambda: dist.send(t, dst=0, group=pg),
+            "recv": lambda: dist.recv(t, src=0, group=pg),
+            "isend": lambda: dist.isend(t, dst=0, group=pg),
+            "irecv": lambda: dist.irecv(t, src=0, group=pg),
+            "broadcast_object_list": lambda: dist.broadcast_object_list([None], src=0, group=pg),
+            "all_gather_object": lambda: dist.all_gather_object([None], 1, group=pg),
+            "gather_object": lambda: dist.gather_object(1, None, dst=0, group=pg),
+            "scatter_object_list": lambda: dist.scatter_object_list([None], None, src=0, group=pg),
+            "send_object_list": lambda: dist.send_object_list([1], dst=0, group=pg),
+            "recv_object_list": lambda: dist.recv_object_list([None], src=0, group=pg),
+        }
+        from mpidist.core.registry import REGISTRY
+        naming_a_group = {c.name for c in REGISTRY.values() if c.group_arg}
+        assert naming_a_group <= set(calls), naming_a_group - set(calls)
+        for name, fn in calls.items():
+            with pytest.warns(UserWarning, match=f"Running {name} on global rank {rank} which does not "
+                                                 "belong to the given group"):
+                got = fn()
+            assert got == (-1 if name.startswith("recv") else None), (name, got)
+            np.testing.assert_array_equal(t, np.full(2, 7.0))
+        with pytest.raises(ValueError, match=f"rank {rank}: this rank is not a member"):
+            dist.get_backend(pg)
     else:
         t = np.full(2, 5.0)
         dist.all_reduce(t, group=pg)
