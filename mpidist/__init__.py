@@ -13,8 +13,24 @@ from .start import mpi_library as _mpi_library  # noqa: F401  (loads mpi4py.MPI,
 from .start import thread_level as _thread_level  # noqa: F401  (must run before mpi4py.MPI loads)
 # isort: on
 from ._version import __version__  # noqa: F401  (mpidist.__version__)
-from .calls.collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
-from .calls.exchange import all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter
+from .calls.collectives import (
+    all_reduce,
+    barrier,
+    broadcast,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+)
+from .calls.exchange import (
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_single,
+    all_to_all,
+    all_to_all_single,
+    gather,
+    scatter,
+)
 from .calls.objects import (
     all_gather_object,
     broadcast_object_list,
@@ -23,7 +39,7 @@ from .calls.objects import (
     scatter_object_list,
     send_object_list,
 )
-from .calls.ops import ReduceOp, make_premul_sum, reduce_op
+from .calls.ops import ReduceOp, make_premul_sum, reduce_op, supports_complex
 from .calls.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .checks.debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .checks.monitor import monitored_barrier
@@ -53,16 +69,23 @@ from .start.world import (
     default_pg_timeout,
     destroy_process_group,
     get_backend,
+    get_backend_config,
+    get_default_backend_for_device,
+    get_node_local_rank,
+    get_pg_count,
     get_rank,
     get_world_size,
     init_process,
     init_process_group,
     is_available,
+    is_backend_available,
     is_gloo_available,
     is_initialized,
     is_mpi_available,
     is_nccl_available,
     is_torchelastic_launched,
+    is_ucc_available,
+    is_xccl_available,
 )
 from .training.distributed_mode import DistInfo, init_distributed_mode
 from .training.gradients import average_gradients
@@ -88,4 +111,7 @@ __all__ = [
     "scatter", "scatter_object_list", "send", "send_object_list", "split_group",
     "new_local_rank_group", "new_node_group", "new_subgroups_by_local_rank", "new_subgroups_by_node",
     "node_mesh", "node_ranks",
+    "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
+    "get_default_backend_for_device", "get_node_local_rank", "get_pg_count", "is_backend_available",
+    "is_ucc_available", "is_xccl_available",
 ]

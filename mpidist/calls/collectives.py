@@ -11,6 +11,7 @@ all-to-all families live in :mod:`mpidist.calls.exchange`.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -18,12 +19,13 @@ from mpi4py import MPI
 
 from ..checks import debug, signature
 from ..checks.fingerprint import ARRAY, OP, ROOT, agree
+from ..core import errors, timeouts
 from ..core import registry as registry_
-from ..core import timeouts
 from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
-from ..core.groups import ProcessGroup, group_rank_of, registry, resolve
+from ..core.groups import ProcessGroup, group_rank_of, limited, registry, resolve
 from ..core.registry import define
 from ..core.timeouts import failure, wait
+from ..core.waiting import seconds
 from ..core.work import Work
 from . import native, persistent, sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
@@ -285,12 +287,33 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
     return _reduce_scatter(pg, call, out, _send_operand(inp, d, p), d, p, async_op, output, staging, op)
 
 
+#: torch's newer name for the same call (``torch.distributed.reduce_scatter_single``).
+reduce_scatter_single = reduce_scatter_tensor
+
+
 @define(fingerprint=agree())
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
-    """Block until every rank of the group arrives (``MPI_Barrier`` / ``MPI_Ibarrier``)."""
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+            timeout: timedelta | None = None) -> Work | None:
+    """Block until every rank of the group arrives (``MPI_Barrier`` / ``MPI_Ibarrier``).
+
+    ``timeout`` takes the place of the group's timeout for this barrier: past it every rank that
+    waits raises :class:`~mpidist.core.timeouts.GroupTimeoutError` and the group is broken, as past
+    the group's own.
+    """
     call = barrier.call
     pg = resolve(group, call)
     comm = pg.comm
+    if timeout is not None:
+        limit = seconds(timeout)
+        if not limit > 0:
+            raise errors.value_error(call, f"timeout must be positive, got {timeout!r}")
+        with limited(pg, limit):
+            work = issue(pg, call, True, comm.Barrier, comm.Ibarrier, (), sig=(call.name,))
+        work.limit = limit
+        if async_op:
+            return work
+        work.wait()
+        return None
     if not (async_op or debug.LEVEL):  # the common case, issue() inlined
         pg.seq += 1
         if pg._size == 1:

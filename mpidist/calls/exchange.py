@@ -97,6 +97,10 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                  output_tensor, staging, sig=(call.name, inp.size, d.name))
 
 
+#: torch's newer name for the same call (``torch.distributed.all_gather_single``).
+all_gather_single = all_gather_into_tensor
+
+
 def _rooted(call: Any, group: Any, tensor: Any, writable: bool, root: tuple[Any, Any, str], lst: Any,
             arg: str, role: str, staging: list) -> tuple[Any, int, np.ndarray, DType, list | None]:
     """The opening gather and scatter share: group, root, ``tensor``, and the root's list.

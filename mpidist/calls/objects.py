@@ -356,8 +356,12 @@ def _recv(pg: ProcessGroup, call: Any, source: int, status: MPI.Status) -> Any:
 
 @define(hooked=False)
 def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None,
-                     device: Any = None, group_dst: int | None = None) -> None:
-    """Send the objects of ``object_list`` to ``dst`` (``MPI_Isend`` of one pickle)."""
+                     device: Any = None, group_dst: int | None = None, use_batch: bool = False) -> None:
+    """Send the objects of ``object_list`` to ``dst`` (``MPI_Isend`` of one pickle).
+
+    ``use_batch`` is accepted for torch's signature: torch's batched path exists to avoid
+    two-rank communicators, which MPI's point-to-point never makes.
+    """
     call = send_object_list.call
     pg = resolve(group, call)
     peer = peer_rank(pg, dst, group_dst, call, "dst")
@@ -367,8 +371,9 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
 
 @define(hooked=False)
 def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
-                     device: Any = None, group_src: int | None = None) -> int:
+                     device: Any = None, group_src: int | None = None, use_batch: bool = False) -> int:
     """Receive objects into ``object_list`` (same length as sent); return the sender's global rank.
+    ``use_batch`` is accepted as in :func:`send_object_list`.
 
     Becomes ``MPI_Improbe`` and ``MPI_Imrecv``; ``src=None`` receives from any rank
     (``MPI_ANY_SOURCE``).

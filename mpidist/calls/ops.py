@@ -69,6 +69,14 @@ ReduceOp.RedOpType = ReduceOp  # torch spells the enum ReduceOp.RedOpType.SUM to
 reduce_op = ReduceOp
 
 
+def supports_complex(reduceOp: Any) -> bool:  # noqa: N803  (torch's argument name)
+    """Whether mpidist reduces complex arrays with ``reduceOp`` (torch's ``supports_complex``):
+    every op but ``MAX``, ``MIN`` and the bitwise ones. Unlike NCCL, MPI's ``MPI_PROD`` multiplies
+    complex numbers, so ``PRODUCT`` is ``True`` here where torch says ``False``."""
+    name = reduceOp.name if isinstance(reduceOp, ReduceOp) else getattr(reduceOp, "name", reduceOp)
+    return name not in _NOT_COMPLEX
+
+
 def make_premul_sum(factor: Any) -> ReduceOp:
     """``PREMUL_SUM`` with ``factor``: each rank's input is multiplied by it, then summed.
 
@@ -106,6 +114,7 @@ _BOOL = {
 }
 _BITWISE = ("BAND", "BOR", "BXOR")
 _FLOATS = ("f", "f16", "bf16")
+_NOT_COMPLEX = ("MIN", "MAX", *_BITWISE)
 
 # the float32 arithmetic of each op in a 16-bit reduction
 _UFUNC = {
@@ -130,7 +139,7 @@ def _build(name: str, d: DType, call: str) -> Plan:
         raise errors.value_error(call, f"ReduceOp.{name} is not a reduction")
     if kind in _FLOATS and name in _BITWISE:
         raise errors.type_error(call, f"ReduceOp.{name} is bitwise and cannot reduce {d.name}")
-    if kind == "c" and name in ("MIN", "MAX", *_BITWISE):
+    if kind == "c" and name in _NOT_COMPLEX:
         raise errors.type_error(call, f"ReduceOp.{name} is undefined for complex {d.name}")
     if kind in ("i", "u", "b") and name in ("AVG", "PREMUL_SUM"):
         raise errors.type_error(

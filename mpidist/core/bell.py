@@ -82,11 +82,11 @@ def open_for(comm: MPI.Intracomm) -> None:
     """Map the node's bell (first time only) and learn the local rank of each rank of ``comm``,
     the world. Collective over ``comm``: ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``, a
     broadcast of the page's name on each node, a barrier, and one allgather."""
-    global _slots
+    global _slots, local_rank
     usable = _impl is not None and ALLOWED and sys.platform.startswith("linux") and os.path.isdir("/dev/shm")
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        local = node.Get_rank()
+        local = local_rank = node.Get_rank()
         # the node's ranks map it together or not at all (MPIDIST_BELL may differ between them)
         if node.allreduce(usable and _page is None, op=MPI.LAND):
             _map(node)
@@ -99,6 +99,8 @@ def open_for(comm: MPI.Intracomm) -> None:
 
 
 _key: str | None = None
+#: This process's rank on its node (``MPI_COMM_TYPE_SHARED``), learnt at init; ``-1`` before.
+local_rank = -1
 
 
 def _map(node: MPI.Intracomm) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from mpi4py import MPI
 
@@ -108,6 +109,7 @@ class _Registry:
     was_destroyed = False
     generation = 0  # how many times the world was made (the same count on every rank)
     hosts: list[str] = []  # host name of each global rank, gathered at init
+    made = 0  # groups made since init, the world's included, on every rank alike (get_pg_count)
 
 
 registry = _Registry()
@@ -219,6 +221,7 @@ def _new(comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str | None,
 def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
     """The default group: a duplicate of ``MPI_COMM_WORLD`` (never the user's own handle)."""
     registry.names = {}
+    registry.made = 1
     registry.generation += 1
     comm = MPI.COMM_WORLD.Dup()
     registry.hosts = comm.allgather(MPI.Get_processor_name())
@@ -261,6 +264,17 @@ def break_group(pg: ProcessGroup, abandoned: Any, reason: str | None = None) -> 
     registry.live.pop(id(pg), None)
 
 
+@contextmanager
+def limited(pg: ProcessGroup, limit: float) -> Iterator[None]:
+    """``limit`` seconds in place of ``pg``'s timeout while a call starts (``barrier(timeout=)``),
+    so that the cross-rank check it may take first is bounded by it too."""
+    old, pg.timeout = pg.timeout, timedelta(seconds=limit)
+    try:
+        yield
+    finally:
+        pg.timeout = old
+
+
 def check_backend(backend: Any, call: str) -> None:
     """Refuse any backend but ``"mpi"`` (any case; ``None`` means the default, ``"mpi"``)."""
     if backend is not None and (not isinstance(backend, str) or backend.lower() != "mpi"):
@@ -278,6 +292,7 @@ def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: 
     only tells apart creations that run at the same time on one rank; a rank creates its
     groups one after another, and the members of a group create it in the same order.
     """
+    registry.made += 1
     if parent._rank not in members:
         return GroupMember.NON_GROUP_MEMBER
     ranks = [parent.ranks[r] for r in members]

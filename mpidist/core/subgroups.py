@@ -22,12 +22,14 @@ from .groups import (
     _next_name,
     check_backend,
     create,
+    registry,
     resolve,
     world,
 )
 
 
-def _check_ranks(ranks: Iterable[Any], size: int, call: str, what: str = "ranks") -> list[int]:
+def _check_ranks(ranks: Iterable[Any], size: int, call: str, what: str = "ranks",
+                 sort: bool = True) -> list[int]:
     out = [_as_rank(r, call, what) for r in ranks]
     for r in out:
         if not 0 <= r < size:
@@ -35,25 +37,28 @@ def _check_ranks(ranks: Iterable[Any], size: int, call: str, what: str = "ranks"
     if len(set(out)) != len(out):
         dup = sorted({r for r in out if out.count(r) > 1})
         raise errors.value_error(call, f"{what} lists rank(s) {dup} more than once")
-    return sorted(out)
+    return sorted(out) if sort else out
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = None,
               backend: Any = None, pg_options: Any = None, use_local_synchronization: bool = False,
-              group_desc: str | None = None, device_id: Any = None) -> ProcessGroup | Any:
+              group_desc: str | None = None, device_id: Any = None,
+              sort_ranks: bool = True) -> ProcessGroup | Any:
     """Create a group of the given global ranks (``MPI_Comm_create_group``).
 
     Every rank of the world calls it with the same ``ranks`` (as in torch; with
     ``use_local_synchronization=True`` only the members need to). Members get the new
-    :class:`ProcessGroup`, group ranks in ascending global-rank order; the others get
+    :class:`ProcessGroup`, group ranks in ascending global-rank order (with
+    ``sort_ranks=False``, in the order of ``ranks``: group rank i is ``ranks[i]``); the others get
     ``GroupMember.NON_GROUP_MEMBER``. ``ranks=None`` (or empty) means every rank.
 
-    Example: ``g = new_group([0, 2])`` on 4 ranks; rank 2 has ``g.rank() == 1``.
+    Example: ``g = new_group([0, 2])`` on 4 ranks; rank 2 has ``g.rank() == 1``;
+    ``new_group([2, 0], sort_ranks=False)`` gives rank 2 group rank 0.
     """
     call = "new_group"
     w = world(call)
     check_backend(backend, call)
-    members = _check_ranks(ranks or range(w._size), w._size, call)
+    members = _check_ranks(ranks or range(w._size), w._size, call, sort=bool(sort_ranks))
     return create(w, members, group_desc, timeout or w.timeout)
 
 
@@ -134,13 +139,14 @@ def _subgroups(parent: ProcessGroup, spans: list[list[int]], timeout: timedelta 
 
 def split_group(parent_pg: ProcessGroup | None = None, split_ranks: Sequence[Sequence[int]] | None = None,
                 timeout: timedelta | None = None, pg_options: Any = None,
-                group_desc: str | None = None) -> ProcessGroup | None:
+                group_desc: str | None = None, backend: Any = None) -> ProcessGroup | None:
     """Split ``parent_pg`` into disjoint groups with one ``MPI_Comm_split``.
 
     ``split_ranks`` lists *group ranks of the parent*, one list per new group (torch's
     rule). Every rank of the parent calls it; a rank in no list gets ``None``.
     """
     call = "split_group"
+    check_backend(backend, call)
     parent = resolve(parent_pg, call)
     if not split_ranks:
         raise errors.value_error(call, "split_ranks must list at least one group of ranks")
@@ -148,6 +154,7 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: Sequence[Seq
     if not all(spans):
         raise errors.value_error(call, f"split_ranks={split_ranks!r} contains an empty group")
     _disjoint(spans, call)
+    registry.made += 1
     color = next((i for i, s in enumerate(spans) if parent._rank in s), MPI.UNDEFINED)
     comm = parent.comm.Split(color, parent._rank)
     if comm == MPI.COMM_NULL:

@@ -83,8 +83,9 @@ def grace(limit: float | None) -> float:
 
 def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = None,
          statuses: list[MPI.Status] | None = None, timeout: float | None = None,
-         seq: int | None = None) -> None:
-    """Complete ``reqs`` of ``call`` on ``pg`` within the group's timeout.
+         seq: int | None = None, limit: float | None = None) -> None:
+    """Complete ``reqs`` of ``call`` on ``pg`` within the group's timeout (or ``limit``, this
+    call's own in its place: ``barrier(timeout=)``).
 
     Raises :class:`GroupTimeoutError` on every waiting rank past the deadline, or once a peer
     has given up on the group; ``keep`` (the buffers of the abandoned requests) stays
@@ -105,7 +106,10 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         # (within milliseconds, where the timeout is seconds), since the look costs more than a
         # test and ranks that share cores pay for every instruction between two of them
         # (docs/benchmarks.md, "Where ranks share cores")
-        limit = seconds(pg.timeout) if timeout is None else timeout
+        if timeout is not None:
+            limit = timeout
+        elif limit is None:
+            limit = seconds(pg.timeout)
         start = time.monotonic()
         nbytes = nbytes_of(keep)
         end = start + spin_for(nbytes)
@@ -115,7 +119,7 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         try:
             if spin_on(test, end, mask, bell.alone_for(nbytes), ticket):
                 return
-            until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask), ticket)
+            until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask), ticket, limit)
         finally:
             if mask:
                 bell.leave()
@@ -174,16 +178,20 @@ def failure(pg: ProcessGroup, call: Any, exc: MPI.Exception, keep: Any,
 
 def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = None,
           timeout: float | None = None, statuses: list[MPI.Status] | None = None,
-          spin: float = SPIN, start: float | None = None, counted: bool = False, ticket: int = 0) -> None:
+          spin: float = SPIN, start: float | None = None, counted: bool = False, ticket: int = 0,
+          limit: float | None = None) -> None:
     """Poll ``ready()`` until it is true, bounded as :func:`wait` (which it serves).
 
     Also for what is not a request: a receive that must first probe for its message's size.
     An MPI error ``ready()`` raises becomes mpidist's (:func:`failure`). ``start``: when the
     wait began (the deadline counts from there), if before this call. ``counted``: the caller
     counted the wait in the group's bell (:mod:`mpidist.core.bell`), so it sleeps there, for the
-    call of ``ticket`` (:func:`arrive`).
+    call of ``ticket`` (:func:`arrive`). ``limit``: the group's timeout for this call, if not the group's.
     """
-    limit = seconds(pg.timeout) if timeout is None else timeout
+    if timeout is not None:
+        limit = timeout
+    elif limit is None:
+        limit = seconds(pg.timeout)
     start = time.monotonic() if start is None else start
     deadline = None if limit is None else start + limit
     comm = pg.comm

@@ -31,7 +31,7 @@ class Work:
     """
 
     __slots__ = ("_reqs", "_post", "_output", "_call", "_pg", "_done", "_exc",
-                 "_statuses", "_keep", "_test", "_seq")
+                 "_statuses", "_keep", "_test", "_seq", "limit")
 
     def __init__(self, reqs: Sequence[MPI.Request], call: Any, post: Callable[[], None] | None,
                  output: Any, pg: ProcessGroup, keep: Any = None,
@@ -47,6 +47,8 @@ class Work:
         self._keep = keep  # buffers MPI is still reading or writing
         self._test = timeouts.tester(self._reqs, statuses)
         self._seq = pg.seq if pg is not None else 0  # the call's number on its group
+        #: The group's timeout for this work (``barrier(timeout=)``); ``None``: the group's own.
+        self.limit: float | None = None
 
     def _finish(self) -> None:
         self._done = True
@@ -112,7 +114,7 @@ class Work:
         if not self._done:
             try:
                 timeouts.wait(self._reqs, self._pg, self._call, self._keep, self._statuses,
-                              seconds(timeout) if timeout is not None else None, self._seq)
+                              seconds(timeout) if timeout is not None else None, self._seq, self.limit)
             except timeouts.GroupTimeoutError as exc:
                 self._exc = exc
                 raise

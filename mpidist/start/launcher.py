@@ -39,6 +39,12 @@ def _int_env(name: str) -> int | None:
         return None
 
 
+def claimed_local_rank() -> int | None:
+    """The node-local rank the launcher's own variable gives (``None``: no launcher says)."""
+    var = _LOCAL_RANK_VAR.get(detect_launcher())
+    return _int_env(var) if var else None
+
+
 def _hint(var: str) -> str:
     if var.startswith("SLURM"):
         return ("Slurm started the tasks without MPI (MpiDefault=none): use `srun --mpi=pmi2 -n N "

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from mpi4py import MPI
 
 from ..checks import census, failure, flight, stall
-from ..core import errors, groups
+from ..core import bell, errors, groups
 from ..core.groups import GroupMember, ProcessGroup
 from . import launcher
 
@@ -212,6 +212,68 @@ def is_nccl_available() -> bool:
 
 def is_gloo_available() -> bool:
     return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    """Whether ``backend`` can be passed to :func:`init_process_group`: only ``"mpi"`` (any case)."""
+    return isinstance(backend, str) and backend.lower() == Backend.MPI
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """The backend for ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``):
+    ``"mpi"``, which serves both (GPU buffers go to a CUDA-aware MPI, or through host memory)."""
+    kind = getattr(device, "type", device)
+    if not isinstance(kind, str) or kind.split(":")[0] not in ("cpu", "cuda"):
+        raise errors.value_error("get_default_backend_for_device",
+                                 f"device must be 'cpu' or 'cuda' (a string or torch.device), got {device!r}")
+    return Backend.MPI
+
+
+def get_backend_config(group: Any = None) -> str:  # noqa: A002
+    """The backend of each device type for ``group``, as torch writes it: ``"cpu:mpi,cuda:mpi"``."""
+    groups.resolve(group, "get_backend_config")
+    return f"cpu:{Backend.MPI},cuda:{Backend.MPI}"
+
+
+def get_pg_count() -> int:
+    """How many process groups were made since :func:`init_process_group`, the default one
+    included, counted on every rank alike (a group's non-members count it too, as in torch);
+    0 before init and after the default group is destroyed."""
+    return groups.registry.made if groups.registry.world is not None else 0
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank among the processes on its node.
+
+    torch reads ``LOCAL_RANK`` (torchrun sets it); so does mpidist first. Without it, the rank is
+    MPI's (``MPI_COMM_TYPE_SHARED``, learnt at init), or before init the launcher's variable
+    (``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``, ``SLURM_LOCALID``); then
+    ``fallback_rank``; else ``RuntimeError``.
+    """
+    call = "get_node_local_rank"
+    value = os.environ.get("LOCAL_RANK")
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            raise errors.value_error(call, f"LOCAL_RANK={value!r} is not an int") from None
+    if groups.registry.world is not None and bell.local_rank >= 0:
+        return bell.local_rank
+    claimed = launcher.claimed_local_rank()
+    if claimed is not None:
+        return claimed
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise errors.runtime_error(call, "LOCAL_RANK is not in the environment, no MPI launcher says the local "
+                                     "rank and init_process_group() has not run; pass fallback_rank")
 
 
 def is_torchelastic_launched() -> bool:

@@ -307,3 +307,26 @@ def test_a_large_gather_moves_while_the_senders_go_on(dist, rank, size):
     assert all(o for o, *_ in got), got
     assert root_done < first_back, [(o, took) for o, took, *_ in got]
     assert got[0][1] < 1.0, [(o, took) for o, took, *_ in got]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("async_op", [False, True])
+def test_a_barriers_timeout_takes_the_place_of_the_groups(dist, rank, size, async_op):
+    g = dist.new_group()  # the default timeout, 30 minutes: only the barrier's own can end the wait
+    dist.barrier(group=g, timeout=timedelta(seconds=30))  # every rank arrives: it returns
+    late = size - 1
+    if rank != late:
+        def call():
+            work = dist.barrier(group=g, async_op=async_op, timeout=timedelta(seconds=LIMIT))
+            if async_op:
+                work.wait()
+
+        exc, took = _timed(call)
+        assert isinstance(exc, dist.GroupTimeoutError), exc
+        assert f"not heard from rank {late} (" in str(exc), str(exc)
+        assert LIMIT - 0.1 <= took < END_BY, took
+        exc2, took2 = _timed(lambda: dist.barrier(group=g))
+        assert "is broken" in str(exc2) and took2 < LIMIT
+    with pytest.raises(ValueError, match=rf"^barrier: rank {rank}: timeout must be positive"):
+        dist.barrier(timeout=timedelta(0))
+    still_works(dist, size)
