@@ -253,6 +253,11 @@ class MpidistProcessGroup(tdist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> twork.Work:
         opts = opts or tdist.BarrierOptions()
+        own = getattr(opts, "timeout", None)  # torch's barrier(timeout=); unset, it is negative
+        if isinstance(own, timedelta) and own > timedelta(0):
+            # in place of the group's timeout for this barrier, which is waited for here
+            collectives.barrier(group=self.mpi_group, timeout=own)
+            return twork.done([])
         return self._run("barrier", opts, lambda: 0, [], collectives.barrier, [()])
 
     # point to point: always nonblocking (a blocking send could deadlock a paired exchange)

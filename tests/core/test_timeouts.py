@@ -168,6 +168,18 @@ def test_torch_backend_raises_past_the_group_timeout(tw, rank, size):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_torch_barriers_own_timeout_is_kept(tw, rank, size):
+    g = tw.new_group()  # the default timeout: only the barrier's own can end the wait
+    tw.barrier(group=g, timeout=timedelta(seconds=30))
+    late = size - 1
+    if rank != late:
+        exc, took = _timed(lambda: tw.barrier(group=g, timeout=timedelta(seconds=LIMIT)))
+        assert exc is not None and " Timed out " in f" {exc} ", exc
+        assert LIMIT - 0.1 <= took < END_BY, took
+    tw.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("explicit", [False, True])
 def test_torch_async_work_raises_past_the_group_timeout(tw, rank, size, explicit, monkeypatch):
     """DDP's kind of call: async_op=True, completed by the progress thread, then wait()."""
