@@ -22,8 +22,8 @@ from mpi4py import MPI
 from ..checks import debug
 from ..checks.fingerprint import LENGTH, ROOT, agree
 from ..core import errors
-from ..core.groups import ProcessGroup, group_rank_of, resolve
-from ..core.registry import define
+from ..core.groups import NON_GROUP_MEMBER, ProcessGroup, group_rank_of, resolve
+from ..core.registry import absent, define
 from ..core.tags import MAX_TAG, OBJECTS, mpi_tag
 from ..core.timeouts import QUICK_TESTS, until, wait
 from .p2p import peer_rank
@@ -363,6 +363,8 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
     two-rank communicators, which MPI's point-to-point never makes.
     """
     call = send_object_list.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     peer = peer_rank(pg, dst, group_dst, call, "dst")
     _list(object_list, call, "object_list")
@@ -379,6 +381,8 @@ def recv_object_list(object_list: list[Any], src: int | None = None, group: Any 
     (``MPI_ANY_SOURCE``).
     """
     call = recv_object_list.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     source = peer_rank(pg, src, group_src, call, "src", any_source=True)
     _list(object_list, call, "object_list")

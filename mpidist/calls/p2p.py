@@ -13,8 +13,8 @@ from mpi4py import MPI
 from .. import gpu
 from ..core import errors
 from ..core.buffers import as_buffer
-from ..core.groups import ProcessGroup, group_rank_of, resolve
-from ..core.registry import define
+from ..core.groups import NON_GROUP_MEMBER, ProcessGroup, group_rank_of, resolve
+from ..core.registry import absent, define
 from ..core.tags import mpi_tag
 from ..core.timeouts import wait
 from ..core.work import Work
@@ -57,6 +57,8 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` (global) or ``group_dst`` (``MPI_Send``)."""
     call = send.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", False, staging)
@@ -76,6 +78,8 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     Becomes ``MPI_Recv`` (``MPI_ANY_SOURCE`` without a source).
     """
     call = recv.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", True, staging)
@@ -102,6 +106,8 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work:
     """Start sending ``tensor`` (``MPI_Isend``); the returned Work completes the send."""
     call = isend.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", False, staging)
@@ -121,6 +127,8 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     ``work.source_rank()`` gives the sender's group rank once done.
     """
     call = irecv.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", True, staging)

@@ -22,8 +22,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core import errors, ranklists
-from ..core.groups import ProcessGroup, resolve
-from ..core.registry import define
+from ..core.groups import NON_GROUP_MEMBER, ProcessGroup, resolve
+from ..core.registry import absent, define
 from ..core.tags import ANSWER, ARRIVE
 from ..core.waiting import Backoff, poll, seconds
 
@@ -79,6 +79,8 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
     raises on ranks 0 and 1 after 5 s: ``... rank 2 did not reach monitored_barrier ...``.
     """
     call = monitored_barrier.call
+    if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
+        return absent(call)
     pg = resolve(group, call)
     if timeout is not None and not isinstance(timeout, (timedelta, int, float)):
         raise errors.type_error(call, f"timeout must be a timedelta or seconds, got {timeout!r}")

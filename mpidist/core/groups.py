@@ -94,6 +94,10 @@ class GroupMember:
     NON_GROUP_MEMBER = _NonGroupMember()
 
 
+#: ``GroupMember.NON_GROUP_MEMBER``, for the calls that test for it first.
+NON_GROUP_MEMBER = GroupMember.NON_GROUP_MEMBER
+
+
 class group:  # noqa: N801 - torch spells it ``dist.group.WORLD``
     """``group.WORLD`` is the default process group (``None`` before init)."""
 
@@ -109,7 +113,7 @@ class _Registry:
     was_destroyed = False
     generation = 0  # how many times the world was made (the same count on every rank)
     hosts: list[str] = []  # host name of each global rank, gathered at init
-    made = 0  # groups made since init, the world's included, on every rank alike (get_pg_count)
+    made = 0  # groups whose making this rank took part in since init, the world included (get_pg_count)
 
 
 registry = _Registry()

@@ -113,7 +113,7 @@ def set_hook(owner: str, run: Hook | None) -> None:
         scope["_hook"] = composed
 
 
-def _absent(call: Call) -> Any:
+def absent(call: Call) -> Any:
     """What a call returns on a group this rank is not a member of, after torch's warning:
     ``-1`` for ``recv`` and ``recv_object_list`` (torch's "not part of the group"), ``None`` for
     every other call."""
@@ -124,10 +124,11 @@ def _absent(call: Call) -> Any:
     return -1 if call.name in ("recv", "recv_object_list") else None
 
 
-def _entry(body: Callable[..., Any], call: Call, hooked: bool) -> Callable[..., Any]:
-    """A function with ``body``'s exact signature that checks the hook (``hooked``), then runs
-    ``body``; where the call names a group, a group this rank is not in makes it return
-    (:func:`_absent`), as torch's calls do.
+def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
+    """A function with ``body``'s exact signature that checks the hook, then runs ``body``; where
+    the call names a group, a group this rank is not in makes it return (:func:`absent`), as
+    torch's calls do. A call that is not hooked (point to point, which pays
+    for every frame) makes that check itself: ``if group is NON_GROUP_MEMBER: return absent(call)``.
 
     Generated rather than written with ``*args, **kwargs``: keyword and positional calls keep
     torch's signature, and the common case pays one plain call.
@@ -148,17 +149,15 @@ def _entry(body: Callable[..., Any], call: Call, hooked: bool) -> Callable[..., 
     lines = [f"def {body.__name__}({', '.join(params)}):"]
     if call.group_arg:  # torch's rule for a group this rank is not in: warn and return
         lines.append("  try:")
-    if hooked:
-        lines += ["    if _hook is not None:",
-                  f"        return _hook(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})"]
+    lines += ["    if _hook is not None:",
+              f"        return _hook(_call, _body, {{{', '.join(f'{n!r}: {n}' for n in names)}}})"]
     lines.append(f"    return _body({args})")
     if call.group_arg:
         lines += ["  except _NotMember:", "    return _absent(_call)"]
     src = "\n".join(lines) + "\n"
     scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, "_NotMember": NotAMemberError,
-                             "_absent": _absent, **defaults}
-    if hooked:
-        _SCOPES.append(scope)
+                             "_absent": absent, **defaults}
+    _SCOPES.append(scope)
     exec(compile(src, f"<mpidist.core.registry {body.__name__}>", "exec"), scope)  # noqa: S102
     fn = scope[body.__name__]
     fn.__doc__, fn.__module__, fn.__qualname__ = body.__doc__, body.__module__, body.__qualname__
@@ -183,7 +182,7 @@ def define(name: str | None = None, *, fingerprint: Fingerprint | None = None,
                     signature)
         REGISTRY[call.name] = call
         _CODES[body.__code__] = call
-        fn = _entry(body, call, hooked) if hooked or call.group_arg else body
+        fn = _entry(body, call) if hooked else body
         call.function = fn
         body.call = call
         return fn

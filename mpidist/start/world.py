@@ -244,9 +244,10 @@ def get_backend_config(group: Any = None) -> str:  # noqa: A002
 
 
 def get_pg_count() -> int:
-    """How many process groups were made since :func:`init_process_group`, the default one
-    included, counted on every rank alike (a group's non-members count it too, as in torch);
-    0 before init and after the default group is destroyed."""
+    """How many process groups this rank took part in making since :func:`init_process_group`,
+    the default one included: as in torch, the non-members of a ``new_group`` count it too (they
+    make the call), and with ``use_local_synchronization=True`` only its members do. 0 before
+    init and after the default group is destroyed."""
     return groups.registry.made if groups.registry.world is not None else 0
 
 

@@ -78,7 +78,6 @@ def test_pg_count_counts_every_group_made_on_every_rank(dist, rank, size):
         dist.destroy_process_group(g)
         dist.destroy_process_group(s)
     assert dist.get_pg_count() == before + 2 + size  # destroying a subgroup does not uncount it
-    assert len(set(gathered(dist, dist.get_pg_count()))) == 1
 
 
 @pytest.mark.mpi
