@@ -288,8 +288,9 @@ def check_backend(backend: Any, call: str) -> None:
 
 
 def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: timedelta | None,
-           name: str | None = None) -> ProcessGroup | _NonGroupMember:
+           name: str | None = None, ordered: bool = False) -> ProcessGroup | _NonGroupMember:
     """Group of ``members`` (group ranks of ``parent``); only members take part in MPI.
+    ``ordered``: the members' order was chosen (``sort_ranks=False``), see :func:`create_comm`.
 
     The one way mpidist makes a group of chosen ranks, for its own API and the torch backend
     alike: ``MPI_Comm_create_group`` on the parent's communicator with a fixed tag. The tag
@@ -300,18 +301,40 @@ def create(parent: ProcessGroup, members: list[int], desc: str | None, timeout: 
     if parent._rank not in members:
         return GroupMember.NON_GROUP_MEMBER
     ranks = [parent.ranks[r] for r in members]
-    return _new(create_comm(parent.comm, members), ranks, name or _next_name(ranks), desc, timeout)
+    return _new(create_comm(parent.comm, members, ordered), ranks, name or _next_name(ranks), desc, timeout)
 
 
-def create_comm(parent: MPI.Intracomm, members: Sequence[int]) -> MPI.Intracomm:
-    """``MPI_Comm_create_group`` of ``parent``'s ranks ``members``; only they call it."""
+def create_comm(parent: MPI.Intracomm, members: Sequence[int], ordered: bool = False) -> MPI.Intracomm:
+    """``MPI_Comm_create_group`` of ``parent``'s ranks ``members``, in that order; only they call it.
+
+    Members that list the same ranks in different orders (``new_group(sort_ranks=False)``) would
+    leave ``MPI_Comm_create_group`` waiting for ever. So an ``ordered`` group (every member says so,
+    even one whose own list is ascending), or an order that is not ascending, is made in two
+    steps: the group in ascending order, where the members check that they all gave the same order
+    (``MPI_Allgather`` of its hash; ``ValueError`` on every member otherwise), then
+    ``MPI_Comm_split`` into that order.
+    """
+    order = list(members)
+    ascending = sorted(order)
     parent_group = parent.Get_group()
-    sub = parent_group.Incl(list(members))
+    sub = parent_group.Incl(ascending)
     try:
-        return parent.Create_group(sub, tag=0)
+        comm = parent.Create_group(sub, tag=0)
     finally:
         sub.Free()
         parent_group.Free()
+    if order == ascending and not ordered:
+        return comm
+    try:
+        key = hashlib.blake2b(repr(order).encode(), digest_size=8).hexdigest()
+        if len(set(comm.allgather(key))) > 1:
+            given = comm.allgather(order)
+            raise errors.value_error("new_group", "the members gave their ranks in different orders "
+                                     f"with sort_ranks=False: {given} (in ascending rank order); every "
+                                     "member must pass the same list")
+        return comm.Split(0, order.index(parent.Get_rank()))
+    finally:
+        comm.Free()
 
 
 def duplicate(pg: ProcessGroup, name: str, desc: str | None, timeout: timedelta | None) -> ProcessGroup:

@@ -59,7 +59,7 @@ def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = No
     w = world(call)
     check_backend(backend, call)
     members = _check_ranks(ranks or range(w._size), w._size, call, sort=bool(sort_ranks))
-    return create(w, members, group_desc, timeout or w.timeout)
+    return create(w, members, group_desc, timeout or w.timeout, ordered=not sort_ranks)
 
 
 def new_subgroups(group_size: int | None = None, group: ProcessGroup | None = None,  # noqa: A002

@@ -109,6 +109,14 @@ def test_new_group_keeps_the_given_order_without_sort_ranks(dist, rank, size):
     np.testing.assert_array_equal(got, np.array(order, dtype=float))  # group-rank order
     assert dist.get_global_rank(g, 0) == size - 1
     assert dist.get_rank(dist.new_group(order)) == rank  # sorted by default
+    if size > 1:  # members that disagree on the order raise, each of them, instead of waiting
+        mine = list(range(size)) if rank == 0 else order
+        with pytest.raises(ValueError, match=rf"^new_group: rank {rank}: the members gave their ranks "
+                                             "in different orders"):
+            dist.new_group(mine, sort_ranks=False)
+        t = np.ones(1)
+        dist.all_reduce(t)
+        assert t[0] == size
 
 
 @pytest.mark.mpi
