@@ -19,13 +19,13 @@ from mpi4py import MPI
 
 from ..checks import debug, signature
 from ..checks.fingerprint import ARRAY, OP, ROOT, agree
-from ..core import errors, timeouts
 from ..core import registry as registry_
+from ..core import timeouts
 from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
 from ..core.groups import ProcessGroup, group_rank_of, limited, registry, resolve
 from ..core.registry import define
 from ..core.timeouts import failure, wait
-from ..core.waiting import seconds
+from ..core.waiting import positive_seconds
 from ..core.work import Work
 from . import native, persistent, sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
@@ -304,9 +304,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     pg = resolve(group, call)
     comm = pg.comm
     if timeout is not None:
-        limit = seconds(timeout)
-        if not limit > 0:
-            raise errors.value_error(call, f"timeout must be positive, got {timeout!r}")
+        limit = positive_seconds(timeout, call)
         with limited(pg, limit):
             work = issue(pg, call, True, comm.Barrier, comm.Ibarrier, (), sig=(call.name,))
         work.limit = limit

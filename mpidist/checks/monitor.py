@@ -25,7 +25,7 @@ from ..core import errors, ranklists
 from ..core.groups import NON_GROUP_MEMBER, ProcessGroup, resolve
 from ..core.registry import absent, define
 from ..core.tags import ANSWER, ARRIVE
-from ..core.waiting import Backoff, poll, seconds
+from ..core.waiting import Backoff, poll, positive_seconds
 
 _PASS, _FAIL = 1, 2
 # what a peer says after the verdict (second message on ARRIVE): it heard it, or gave up first
@@ -82,11 +82,7 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
     if group is NON_GROUP_MEMBER:  # torch's rule: warn and return
         return absent(call)
     pg = resolve(group, call)
-    if timeout is not None and not isinstance(timeout, (timedelta, int, float)):
-        raise errors.type_error(call, f"timeout must be a timedelta or seconds, got {timeout!r}")
-    limit = seconds(timeout if timeout is not None else pg.timeout)
-    if limit is None or limit <= 0:
-        raise errors.value_error(call, f"timeout must be positive, got {timeout!r}")
+    limit = positive_seconds(timeout if timeout is not None else pg.timeout, call)
     if pg._size == 1:
         return
     comm = pg.comm

@@ -19,7 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from . import bell
+from . import bell, errors
 
 #: The first and the longest pause of a :class:`Backoff`, in seconds.
 FIRST_PAUSE = 20e-6
@@ -80,6 +80,16 @@ def seconds(timeout: Any) -> float | None:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     return float(timeout)
+
+
+def positive_seconds(timeout: Any, call: Any) -> float:
+    """A call's own ``timeout`` (``timedelta`` or seconds) as float seconds, refused unless positive."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (timedelta, int, float)):
+        raise errors.type_error(call, f"timeout must be a timedelta or seconds, got {timeout!r}")
+    limit = seconds(timeout)
+    if not limit > 0:  # NaN too
+        raise errors.value_error(call, f"timeout must be positive, got {timeout!r}")
+    return limit
 
 
 class Backoff:

@@ -272,7 +272,9 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     if claimed is not None:
         return claimed
     if fallback_rank is not None:
-        return int(fallback_rank)
+        if isinstance(fallback_rank, bool) or not isinstance(fallback_rank, int):
+            raise errors.type_error(call, f"fallback_rank must be an int, got {fallback_rank!r}")
+        return fallback_rank
     raise errors.runtime_error(call, "LOCAL_RANK is not in the environment, no MPI launcher says the local "
                                      "rank and init_process_group() has not run; pass fallback_rank")
 

@@ -341,4 +341,6 @@ def test_a_barriers_timeout_takes_the_place_of_the_groups(dist, rank, size, asyn
         assert "is broken" in str(exc2) and took2 < LIMIT
     with pytest.raises(ValueError, match=rf"^barrier: rank {rank}: timeout must be positive"):
         dist.barrier(timeout=timedelta(0))
+    with pytest.raises(TypeError, match=rf"^barrier: rank {rank}: timeout must be a timedelta or seconds"):
+        dist.barrier(timeout="5 s")
     still_works(dist, size)

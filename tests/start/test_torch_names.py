@@ -164,3 +164,20 @@ def test_object_lists_take_use_batch(dist, rank, size):
         got = [None, None]
         assert dist.recv_object_list(got, src=0, use_batch=True) == 0
         assert got == [{"a": 1}, "b"]
+
+
+def test_node_local_rank_before_init_takes_the_fallback(monkeypatch):
+    import mpidist
+
+    if mpidist.is_initialized():
+        pytest.skip("the default group is initialised in this process: MPI's local rank answers")
+    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    from mpidist.start import launcher
+    if launcher.claimed_local_rank() is not None:
+        pytest.skip("a launcher's variable gives the local rank here")
+    assert mpidist.get_node_local_rank(fallback_rank=3) == 3
+    with pytest.raises(TypeError, match="fallback_rank must be an int"):
+        mpidist.get_node_local_rank(fallback_rank="3")
+    with pytest.raises(RuntimeError, match="LOCAL_RANK is not in the environment"):
+        mpidist.get_node_local_rank()
