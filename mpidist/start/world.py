@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ..checks import census, failure, flight, stall
 from ..core import bell, errors, groups
 from ..core.groups import GroupMember, ProcessGroup
-from . import launcher
+from . import heap, launcher
 
 #: Default timeout of a process group, as torch's (30 minutes).
 default_pg_timeout = timedelta(minutes=30)
@@ -148,6 +148,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     GroupMember.WORLD = groups.group.WORLD = pg
     if (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1:
         failure.install()
+    heap.tune()  # large freed blocks kept for reuse (MPIDIST_MALLOC=0 leaves glibc's defaults)
     stall.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
     census.start()  # the stall report's roll call: its own communicator
     flight.enable_from_env()  # MPIDIST_FLIGHT_RECORDER=N keeps the last N calls (default: off)
