@@ -32,10 +32,11 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-import uuid
 from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
+
+from . import segments
 
 #: Bytes per local rank (and for the futex words): one cache line each.
 LINE = 64
@@ -106,35 +107,9 @@ local_rank = -1
 def _map(node: MPI.Intracomm) -> None:
     """The node's page: its first rank creates it, every rank maps it, then the name goes."""
     global _page, _key, why_not, alone
-    size = (node.Get_size() + 1) * LINE
-    name = None
-    if node.Get_rank() == 0:
-        name = f"/dev/shm/mpidist-bell-{uuid.uuid4().hex}"
-        try:
-            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            try:
-                os.ftruncate(fd, size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            why_not, name = f"cannot create its page in /dev/shm ({exc})", None
-    name = node.bcast(name, root=0)
-    page = None
-    if name is not None:
-        try:
-            fd = os.open(name, os.O_RDWR)
-            try:
-                page = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            why_not = f"cannot map its page ({exc})"
-    ok = node.allreduce(page is not None, op=MPI.LAND)  # all ranks of a node use it, or none
-    if node.Get_rank() == 0 and name is not None:
-        os.unlink(name)  # every rank that maps it has: nothing stays in /dev/shm
-    if not ok:
-        if page is not None:
-            page.close()
+    page, name, why = segments.map_on_node(node, (node.Get_size() + 1) * LINE, "mpidist-bell")
+    if page is None:
+        why_not = why
         return
     import ctypes  # the page's address, for the C side
 
