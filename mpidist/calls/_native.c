@@ -52,6 +52,9 @@ static PyObject *mpi_exception;
 static int quick_tests = 32, tests_per_yield = 4, clock_every = 4;
 static double spin_least = 0.003, spin_per_byte = 1 / 256e6, spin_most = 0.01, spin_alone = 0.0,
               alone_per_byte = 0.0;
+/* all_reduce leaves arrays of this many bytes or more to Python (0: none), where a group on one
+ * node sums them through its shared window (mpidist/calls/nodereduce.py) */
+static Py_ssize_t large_from = 0;
 
 /* Room for any MPI_Status (MPICH: 20 bytes, Open MPI: 24, the standard ABI: 32). MPI_Test
  * writes it on completion; a real status instead of MPI_STATUS_IGNORE, whose value differs
@@ -551,6 +554,10 @@ static PyObject *whole(PyObject *tensor, PyObject *op, PyObject *pg, int sign, i
     int got = take_count(&view, field(d, t_dtype, d_extent), &count);
     if (got != 0)
         return got < 0 ? NULL : not_implemented();
+    if (large_from > 0 && view.len >= large_from) {
+        PyBuffer_Release(&view);
+        return not_implemented();
+    }
     /* the common case: count the call and record its signature (and check, when due: a mismatch
      * raises on every rank before any starts the routine), then call MPI */
     PyObject *new_seq = PyLong_FromLongLong(seq + 1), *sig = NULL, *new_n = NULL;
@@ -847,6 +854,15 @@ static PyObject *barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return finish(&r, err, 0.0, mask, ticket);
 }
 
+static PyObject *py_large_from(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    large_from = n < 0 ? 0 : n;
+    Py_RETURN_NONE;
+}
+
 static PyObject *setup(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long iallreduce_at, ibcast_at, ibarrier_at, test_at;
@@ -1058,6 +1074,8 @@ static PyMethodDef methods[] = {
     {"bell_disarm", py_bell_disarm, METH_NOARGS, "bell_disarm(): no sleep after bell_arm after all."},
     {"bell_sleep", py_bell_sleep, METH_VARARGS,
      "bell_sleep(rings, seconds) -> rang: sleep until a ring or the time is up (after bell_arm)."},
+    {"large_from", py_large_from, METH_O,
+     "large_from(bytes): all_reduce returns NotImplemented for arrays of this size or more (0: never)."},
     {"setup", setup, METH_VARARGS,
      "setup(iallreduce, ibcast, ibarrier, test, pointer_handles, in_place, exception[, quick_tests, "
      "tests_per_yield, clock_every, spin_least, spin_per_byte, spin_most])"},

@@ -27,7 +27,7 @@ from ..core.registry import define
 from ..core.timeouts import failure, wait
 from ..core.waiting import positive_seconds
 from ..core.work import Work
-from . import native, persistent, sparse
+from . import native, nodereduce, persistent, sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
 from .path import Step, from_list, issue, output_and_input, overlap, size_error, then
 
@@ -53,7 +53,9 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across the group; every rank gets the result in place.
 
-    Becomes ``MPI_Allreduce(MPI_IN_PLACE, ...)`` (``MPI_Iallreduce`` when ``async_op``).
+    Becomes ``MPI_Allreduce(MPI_IN_PLACE, ...)`` (``MPI_Iallreduce`` when ``async_op``). A
+    blocking sum of 4 MiB or more on a group whose ranks share a node is made in a shared
+    ``/dev/shm`` segment between ``MPI_Ibarrier`` calls instead (:mod:`mpidist.calls.nodereduce`).
     ``ReduceOp.AVG`` divides the sum by the group size; ``PREMUL_SUM`` scales first.
 
     Example: ranks 0..3 each pass ``np.full(2, rank)``; with ``SUM`` every rank ends
@@ -115,6 +117,9 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
             premultiply(arr, d, p.factor, out=arr)
         if pg._size == 1:
             pg.comm.Allreduce(IN_PLACE, [arr, d.mpi], p.op)
+        elif arr.nbytes >= nodereduce.MIN_BYTES and nodereduce.takes(arr, p.op) \
+                and nodereduce.all_reduce(arr, pg, call):
+            pass  # summed in the node's shared window (calls/nodereduce.py)
         else:
             entry = persistent.all_reduce_request(pg, arr, d, op, p, sig) if persistent.ON else None
             if entry is not None:

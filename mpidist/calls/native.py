@@ -128,6 +128,8 @@ def enable(on: bool = True) -> str:
         why_not = f"the built C module does not match this mpidist (rebuild it: {exc})"
         return why_not
     allreduce, bcast, barrier = module.allreduce, module.bcast, module.barrier
+    if hasattr(module, "large_from"):
+        module.large_from(_large_from)
     signature.IN_C = (allreduce, MPI._handleof(MPI.INT64_T), MPI._handleof(MPI.MAX))
     try:
         bind(module)
@@ -168,6 +170,23 @@ def entry(fn: Any, gates: tuple[tuple[dict, str, Any], ...], world: tuple[Any, s
         setattr(e, name, getattr(fn, name))
     e.__wrapped__ = fn
     return e
+
+
+#: all_reduce's C case leaves arrays of this many bytes or more to Python (0: none): see large_from
+_large_from = 0
+
+
+def large_from(nbytes: int) -> None:
+    """Leave all_reduce of arrays of ``nbytes`` or more to the Python path (``0``: none), where a
+    group on one node sums them in its shared window (:mod:`mpidist.calls.nodereduce`)."""
+    global _large_from
+    _large_from = nbytes
+    try:
+        from . import _native as module
+    except ImportError:
+        return
+    if hasattr(module, "large_from"):
+        module.large_from(nbytes)
 
 
 def bind(module: Any) -> None:
