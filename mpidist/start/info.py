@@ -20,9 +20,9 @@ from mpi4py import MPI
 
 from .. import gpu
 from .._version import __version__
-from ..calls import native
+from ..calls import native, nodereduce
 from ..core import bell, faults
-from . import launcher, mpi_library
+from . import heap, launcher, mpi_library
 
 #: Variables that choose the network MPI uses between nodes (reported when set).
 NETWORK_VARS = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES",
@@ -86,6 +86,8 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "gpu_path": _gpu_path(),
         "c_calls": native.state(),
         "bell": bell.state(local_size),
+        "heap": heap.describe(),
+        "node_reduce": nodereduce.describe(),
         "launcher": launcher.detect_launcher(size),
         "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
         "survive_failure": faults.survival(),
@@ -122,6 +124,8 @@ def render(facts: dict[str, Any]) -> str:
         ("GPU path", facts.get("gpu_path") or "unknown"),
         ("C calls", facts.get("c_calls") or "unknown"),
         ("bell", facts.get("bell") or "unknown"),
+        ("C heap limits", facts.get("heap") or "unknown"),
+        ("large sums", facts.get("node_reduce") or "unknown"),
         ("launcher", facts["launcher"]),
         ("network", " ".join(f"{k}={v}" for k, v in facts.get("network_env", {}).items())
          or "the MPI library's default (no FI_/UCX_/netmod variable set)"),

@@ -91,3 +91,19 @@ def test_info_says_whether_the_bell_rings(setting):
         assert said.startswith("on: ") and "(1 rank(s) per core)" in said, said
     r = run_python(["-m", "mpidist", "info"], timeout=60, env={"MPIDIST_BELL": setting})
     assert f"bell:              {said}" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("variable, setting, want", [
+    ("MPIDIST_MALLOC", "0", "off (MPIDIST_MALLOC=0)"),
+    ("MPIDIST_MALLOC", "1", "to be set at init_process_group"),
+    ("MALLOC_TRIM_THRESHOLD_", "1048576", "left as the user chose (MALLOC_TRIM_THRESHOLD_)"),
+    ("MPIDIST_NODE_REDUCE", "0", "through MPI (MPIDIST_NODE_REDUCE=0)"),
+    ("MPIDIST_NODE_REDUCE", "1", "from 4 MiB on groups within one node"),
+])
+def test_info_says_what_happens_to_the_heap_and_large_sums(variable, setting, want):
+    key = "heap" if "MALLOC" in variable else "node_reduce"
+    said = _said(key, variable, setting)
+    assert said.startswith(want), said
+    r = run_python(["-m", "mpidist", "info"], timeout=60, env={variable: setting})
+    label = "C heap limits:" if key == "heap" else "large sums:"
+    assert f"{label:<18} {said}" in r.stdout, r.stdout
