@@ -5,8 +5,9 @@ and its large ``MPI_Allreduce`` (a reduce-scatter, then an all-gather) does that
 its reduction. Where the group's ranks share a node, mpidist maps one segment of ``/dev/shm``
 into all of them (:mod:`mpidist.core.segments`) and each rank copies out only the parts its peers
 sum, sums its own part reading theirs in place, and copies in only their sums. 2 ranks, float32,
-caches cold: 16 MiB in 3.2 ms against ``MPI_Allreduce``'s 4.3 ms, 29 MiB in 5.9-6.5 ms against
-8.5-9.3 ms (docs/benchmarks.md, "Large all_reduce within a node").
+caches cold, medians: 16 MiB in 2.9 ms against ``MPI_Allreduce``'s 4.9 ms, 29 MiB in 6.5 ms
+against 9.3 ms; 3 ranks on 2 cores 0.34-0.69x ``MPI_Allreduce`` (benchmarks/node_reduce.py,
+docs/benchmarks.md "Large all_reduce within a node").
 
 The array goes in chunks of :data:`CHUNK` bytes. In chunk ``c``, rank ``r`` owns the ``r``-th
 of ``n`` equal parts and, in half ``c % 2`` of its window (its share of the segment):

@@ -10,7 +10,7 @@ import pytest
 from helpers import gathered, still_works
 
 from mpidist import GroupTimeoutError
-from mpidist.calls import persistent
+from mpidist.calls import nodereduce, persistent
 
 LIMIT = 1.0
 # the deadline plus the grace period for peers' notices, with room for an oversubscribed machine
@@ -343,4 +343,26 @@ def test_a_barriers_timeout_takes_the_place_of_the_groups(dist, rank, size, asyn
         dist.barrier(timeout=timedelta(0))
     with pytest.raises(TypeError, match=rf"^barrier: rank {rank}: timeout must be a timedelta or seconds"):
         dist.barrier(timeout="5 s")
+    still_works(dist, size)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("made", [False, True], ids=["first-call", "segment-made"])
+def test_a_missing_rank_in_a_large_sum_within_a_node(dist, rank, size, made):
+    """The shared segment's barriers and its making (calls/nodereduce.py) are bounded waits too."""
+    g = _short_group(dist)
+    x = np.ones(nodereduce.MIN_BYTES // 4, np.float32)
+    if made:
+        dist.all_reduce(x, group=g)
+    late = size - 1
+    error = None
+    if rank != late:
+        t0 = time.monotonic()
+        with pytest.raises(GroupTimeoutError) as info:
+            dist.all_reduce(x, group=g)
+        assert LIMIT - 0.1 <= time.monotonic() - t0 < END_BY
+        error = str(info.value)
+        assert f"not heard from rank {late} (" in error, error
+    errors = gathered(dist, error)
+    assert all(e and e.startswith(f"all_reduce: rank {r}: ") for r, e in enumerate(errors[:late])), errors
     still_works(dist, size)
