@@ -9,8 +9,10 @@ caches cold, medians: 16 MiB in 2.9 ms against ``MPI_Allreduce``'s 4.9 ms, 29 Mi
 against 9.3 ms; 3 ranks on 2 cores 0.34-0.69x ``MPI_Allreduce`` (benchmarks/node_reduce.py,
 docs/benchmarks.md "Large all_reduce within a node").
 
-The array goes in chunks of :data:`CHUNK` bytes. In chunk ``c``, rank ``r`` owns the ``r``-th
-of ``n`` equal parts and, in half ``c % 2`` of its window (its share of the segment):
+The array goes in chunks of :data:`CHUNK` bytes where each rank has a core of its own, and of
+:data:`CHUNK_SHARED` where ranks share cores (:func:`mpidist.core.bell.ranks_per_core`). In chunk
+``c``, rank ``r`` owns the ``r``-th of ``n`` equal parts and, in half ``c % 2`` of its window (its
+share of the segment):
 
 1. writes every other part of its array into its *in* area (the parts its peers sum);
 2. barrier; sums its own part in rank order (its array for its own term, the peers' *in* areas
@@ -43,13 +45,19 @@ import numpy as np
 from mpi4py import MPI
 
 from ..checks import signature
-from ..core import errors, segments, topology
+from ..core import bell, errors, segments, topology
 from ..core.groups import ProcessGroup
 from ..core.timeouts import failure
 from . import native
 
-#: Bytes of the array per chunk, and of each area of the window (a multiple of any itemsize).
-CHUNK = 2 << 20
+#: Bytes of the array per chunk, and of each area of the window (a multiple of any itemsize),
+#: where each rank has a core: the parts stay in the caches between the copies and the sum (2 ranks,
+#: 1 core each, caches cold: 10 MiB in 0.78-0.91 ms, 29 MiB in 2.61-2.80 ms; 2 MiB chunks
+#: 1.12-1.23 and 3.06-3.17 ms).
+CHUNK = 1 << 20
+#: Where the group's ranks share cores: half the barriers, each of which may wait for a peer that
+#: is not running (4 ranks on 2 cores, 10 MiB: 2.8 ms against 5.0 ms with 1 MiB chunks).
+CHUNK_SHARED = 2 << 20
 #: Arrays from this size on take this path (below it MPI's own is as fast or faster).
 MIN_BYTES = 4 << 20
 #: The window's head: this rank's count and dtype, for the peers to check.
@@ -81,17 +89,17 @@ class Window:
     """One group's shared memory (:func:`mpidist.core.segments.map_on_node`): per rank a head and
     two halves of *in* and *out* areas."""
 
-    __slots__ = ("seg", "views", "__weakref__")
+    __slots__ = ("seg", "chunk", "views", "__weakref__")
 
-    def __init__(self, seg: Any, ranks: int) -> None:
-        self.seg = seg
+    def __init__(self, seg: Any, ranks: int, chunk: int) -> None:
+        self.seg, self.chunk = seg, chunk
         whole = np.frombuffer(seg, np.uint8)
-        per = HEAD + 4 * CHUNK
+        per = HEAD + 4 * chunk
         self.views = [whole[k * per:(k + 1) * per] for k in range(ranks)]
 
     def area(self, rank: int, half: int, out: bool) -> np.ndarray:
-        start = HEAD + (2 * half + out) * CHUNK
-        return self.views[rank][start:start + CHUNK]
+        start = HEAD + (2 * half + out) * self.chunk
+        return self.views[rank][start:start + self.chunk]
 
 
 #: group -> its windows, or None where its ranks do not share a node (or /dev/shm has no room)
@@ -108,14 +116,15 @@ def window(pg: ProcessGroup, call: Any) -> Window | None:
         return _windows[pg]
     except KeyError:
         pass
-    size = pg._size * (HEAD + 4 * CHUNK)
+    chunk = CHUNK if bell.ranks_per_core(pg._size) == 1 else CHUNK_SHARED
+    size = pg._size * (HEAD + 4 * chunk)
     flag = np.array([_room() >= 2 * size], np.int32)
     w = None
     try:
         native.finish(NotImplemented, lambda: pg.comm.Iallreduce(MPI.IN_PLACE, flag, MPI.MIN), pg, call, flag)
         if flag[0] and topology.node_count(pg.comm) == 1:
             seg = segments.map_on_node(pg.comm, size, "mpidist-reduce")[0]
-            w = Window(seg, pg._size) if seg is not None else None
+            w = Window(seg, pg._size, chunk) if seg is not None else None
     except MPI.Exception as exc:  # a dead peer (ULFM), as in the barriers below
         raise failure(pg, call, exc, flag) from None
     _windows[pg] = w
@@ -139,7 +148,7 @@ def all_reduce(arr: np.ndarray, pg: ProcessGroup, call: Any) -> bool:
         return False
     head = w.views[pg._rank][:HEAD].view(np.int64)
     head[0], head[1] = arr.size, arr.dtype.num
-    per = CHUNK // arr.dtype.itemsize  # elements per chunk, of which each rank sums 1/n
+    per = w.chunk // arr.dtype.itemsize  # elements per chunk, of which each rank sums 1/n
 
     def barrier() -> None:
         # MPI's barrier orders this rank's stores before its peers' loads after it, as it must

@@ -8,6 +8,7 @@ must equal numpy's left fold of the gathered inputs bit for bit, on every rank.
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 
 import numpy as np
@@ -17,10 +18,11 @@ from helpers import gathered, rank_data
 from mpidist import ReduceOp
 from mpidist.calls import nodereduce
 from mpidist.checks import signature
+from mpidist.core import bell
 
-#: Elements of float32 at the threshold, and a size of two and a half chunks and an odd tail.
+#: Elements of float32 at the threshold, and a size of two and a half (larger) chunks and an odd tail.
 AT = nodereduce.MIN_BYTES // 4
-ODD = (5 * nodereduce.CHUNK // 2) // 4 + 7
+ODD = (5 * nodereduce.CHUNK_SHARED // 2) // 4 + 7
 
 
 def _fold(inputs):
@@ -37,7 +39,7 @@ def _took_the_segment(pg) -> bool:
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "complex128"])
-@pytest.mark.parametrize("count", [AT, ODD, 3 * nodereduce.CHUNK + 1])
+@pytest.mark.parametrize("count", [AT, ODD, 3 * nodereduce.CHUNK_SHARED + 1])
 def test_the_sum_is_numpys_fold_bit_for_bit_on_every_rank(dist, rank, size, dtype, count):
     count = max(count, -(-nodereduce.MIN_BYTES // np.dtype(dtype).itemsize))
     x = rank_data(rank, (count,), dtype, seed=count % 97)
@@ -89,6 +91,20 @@ def test_subgroups_have_segments_of_their_own(dist, rank, size):
     dist.all_reduce(y)
     assert (y == size).all()
     dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_chunk_is_smaller_where_each_rank_has_a_core(dist, rank, size):
+    """1 MiB chunks where the group's ranks each have a core, 2 MiB where they share cores (fewer
+    barriers to wait at for a peer that is not running); both sum the same."""
+    x = np.full(AT + 5, rank + 1, np.float32)
+    dist.all_reduce(x)
+    assert (x == size * (size + 1) // 2).all()
+    chunk = nodereduce._windows[dist.group.WORLD].chunk
+    # the rule, and an independent reading of this machine's cores for the cases it decides
+    assert chunk == (nodereduce.CHUNK if bell.ranks_per_core(size) == 1 else nodereduce.CHUNK_SHARED)
+    if len(os.sched_getaffinity(0)) == os.cpu_count():  # not bound by the launcher
+        assert (chunk == nodereduce.CHUNK) == (size <= os.cpu_count())
 
 
 @pytest.mark.mpi(min_size=2)
