@@ -3,10 +3,11 @@
     mpiexec -n 2 python benchmarks/node_reduce.py
     mpiexec -n 3 python benchmarks/node_reduce.py --sizes 1M,4M,16M --warm
 
-Each round times, interleaved, raw mpi4py ``Allreduce(IN_PLACE)``, mpidist's all_reduce through
-MPI (``nodereduce.ON`` off) and mpidist's all_reduce through the group's shared segment
-(``mpidist/calls/nodereduce.py``), on float32 arrays. By default a 64 MiB array is written between
-calls, so each starts with cold caches, as a DDP bucket's does after backward (``--warm``: not).
+Each round times, interleaved in an order that turns with each round, raw mpi4py
+``Allreduce(IN_PLACE)``, mpidist's all_reduce through MPI (``nodereduce.ON`` off) and mpidist's
+all_reduce through the group's shared segment (``mpidist/calls/nodereduce.py``), on float32
+arrays. By default a 64 MiB array is written between calls, so each starts with cold caches, as
+a DDP bucket's does after backward (``--warm``: not).
 Prints the slowest rank's median per round, then each size's medians and the ratios segment ÷
 raw as the min–max over the rounds.
 """
@@ -44,8 +45,10 @@ def main() -> None:
     results: dict[tuple[int, str], list[float]] = {}
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
         x = np.ones(nbytes // 4, np.float32)
-        for _ in range(args.rounds):
-            for impl in IMPLS:
+        for k in range(args.rounds):
+            # each implementation leaves the memory and MPI's buffers in a state the next one
+            # meets (docs/benchmarks.md): the order turns with each round
+            for impl in IMPLS[k % 3:] + IMPLS[:k % 3]:
                 nodereduce.ON = impl == "mpidist segment"
                 times = []
                 for _ in range(args.reps):
