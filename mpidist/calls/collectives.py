@@ -324,13 +324,9 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         else:
             if signature.ON:
                 signature.note(pg, (call.name,))
-            fast = native.barrier
             try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
                 if not (persistent.ON and persistent.barrier(pg, call)):
-                    # the C path
-                    pending = NotImplemented if fast is None else fast(pg.handle, pg.bell, pg.seq)
-                    if pending is not None:
-                        native.finish(pending, comm.Ibarrier, pg, call, None)
+                    native.barrier_on(pg, call, None)  # the C path
             except MPI.Exception as exc:
                 raise failure(pg, call, exc, None) from None
         return None

@@ -68,6 +68,15 @@ def finish(pending: Any, start: Callable[[], MPI.Request], pg: Any, call: Any, k
         timeouts.wait_pending(pending, pg, call, keep)
 
 
+def barrier_on(pg: Any, call: Any, keep: Any) -> None:
+    """A bounded barrier on ``pg`` (its call number already counted): the C barrier where it
+    runs, else ``MPI_Ibarrier`` through mpi4py, then the bounded wait. MPI errors propagate as
+    ``MPI.Exception``, as in :func:`finish`."""
+    pending = NotImplemented if barrier is None else barrier(pg.handle, pg.bell, pg.seq)
+    if pending is not None:
+        finish(pending, pg.comm.Ibarrier, pg, call, keep)
+
+
 def handle_abi(lib: Any) -> str | None:
     """``"mpich"`` or ``"openmpi"``: the handle ABI of the MPI library ``lib`` (a ``ctypes.CDLL``
     that resolves mpi4py's symbols), checked against the size mpi4py gives its handles; ``None``

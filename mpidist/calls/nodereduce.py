@@ -154,9 +154,7 @@ def all_reduce(arr: np.ndarray, pg: ProcessGroup, call: Any) -> bool:
         # MPI's barrier orders this rank's stores before its peers' loads after it, as it must
         # for its own messages through shared memory
         try:
-            pending = native.barrier(pg.handle, pg.bell, pg.seq) if native.barrier else NotImplemented
-            if pending is not None:
-                native.finish(pending, pg.comm.Ibarrier, pg, call, arr)
+            native.barrier_on(pg, call, arr)
         except MPI.Exception as exc:
             raise failure(pg, call, exc, arr) from None
 
