@@ -116,7 +116,8 @@ def window(pg: ProcessGroup, call: Any) -> Window | None:
         return _windows[pg]
     except KeyError:
         pass
-    chunk = CHUNK if bell.ranks_per_core(pg._size) == 1 else CHUNK_SHARED
+    # the node's ranks, not only the group's, compete for its cores
+    chunk = CHUNK if bell.ranks_per_core(max(pg._size, bell.local_size)) == 1 else CHUNK_SHARED
     size = pg._size * (HEAD + 4 * chunk)
     flag = np.array([_room() >= 2 * size], np.int32)
     w = None

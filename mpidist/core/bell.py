@@ -83,11 +83,12 @@ def open_for(comm: MPI.Intracomm) -> None:
     """Map the node's bell (first time only) and learn the local rank of each rank of ``comm``,
     the world. Collective over ``comm``: ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``, a
     broadcast of the page's name on each node, a barrier, and one allgather."""
-    global _slots, local_rank
+    global _slots, local_rank, local_size
     usable = _impl is not None and ALLOWED and sys.platform.startswith("linux") and os.path.isdir("/dev/shm")
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         local = local_rank = node.Get_rank()
+        local_size = node.Get_size()
         # the node's ranks map it together or not at all (MPIDIST_BELL may differ between them)
         if node.allreduce(usable and _page is None, op=MPI.LAND):
             _map(node)
@@ -102,6 +103,8 @@ def open_for(comm: MPI.Intracomm) -> None:
 _key: str | None = None
 #: This process's rank on its node (``MPI_COMM_TYPE_SHARED``), learnt at init; ``-1`` before.
 local_rank = -1
+#: How many of the world's ranks run on this node, learnt at init; ``0`` before.
+local_size = 0
 
 
 def _map(node: MPI.Intracomm) -> None:

@@ -87,6 +87,9 @@ def test_subgroups_have_segments_of_their_own(dist, rank, size):
         dist.all_reduce(x, group=g)
         assert (x == sum(r + 1 for r in members)).all()
         assert _took_the_segment(g)
+        # its chunk follows the node's ranks, which share its cores, not the subgroup's alone
+        shared = bell.ranks_per_core(size) > 1
+        assert nodereduce._windows[g].chunk == (nodereduce.CHUNK_SHARED if shared else nodereduce.CHUNK)
     y = np.full(AT, 1.0, np.float32)
     dist.all_reduce(y)
     assert (y == size).all()
@@ -102,6 +105,7 @@ def test_the_chunk_is_smaller_where_each_rank_has_a_core(dist, rank, size):
     assert (x == size * (size + 1) // 2).all()
     chunk = nodereduce._windows[dist.group.WORLD].chunk
     # the rule, and an independent reading of this machine's cores for the cases it decides
+    assert bell.local_size == size  # every rank of these jobs runs on one node
     assert chunk == (nodereduce.CHUNK if bell.ranks_per_core(size) == 1 else nodereduce.CHUNK_SHARED)
     if len(os.sched_getaffinity(0)) == os.cpu_count():  # not bound by the launcher
         assert (chunk == nodereduce.CHUNK) == (size <= os.cpu_count())
