@@ -55,7 +55,7 @@ from . import native
 #: 1 core each, caches cold: 10 MiB in 0.78-0.91 ms, 29 MiB in 2.61-2.80 ms; 2 MiB chunks
 #: 1.12-1.23 and 3.06-3.17 ms).
 CHUNK = 1 << 20
-#: Where the group's ranks share cores: half the barriers, each of which may wait for a peer that
+#: Where the node's ranks share cores: half the barriers, each of which may wait for a peer that
 #: is not running (4 ranks on 2 cores, 10 MiB: 2.8 ms against 5.0 ms with 1 MiB chunks).
 CHUNK_SHARED = 2 << 20
 #: Arrays from this size on take this path (below it MPI's own is as fast or faster).
@@ -109,25 +109,29 @@ _windows: weakref.WeakKeyDictionary[ProcessGroup, Window | None] = weakref.WeakK
 def window(pg: ProcessGroup, call: Any) -> Window | None:
     """The group's windows, made at its first large call (collective then, as that call is).
 
-    The ranks first agree, in a bounded wait, that ``/dev/shm`` has room for the segment twice
-    over (a container's is often 64 MiB), so that a rank that never comes makes the others raise
-    as in any call; then MPI says whether they share a node, and they map it."""
+    The ranks first agree, in a bounded wait (so that a rank that never comes makes the others
+    raise as in any call), on the chunk (the largest any rank chose: each rank reads its own
+    cores, and the window's layout must be the same on all) and that ``/dev/shm`` has room for
+    the segment twice over (a container's is often 64 MiB); then MPI says whether they share a
+    node, and they map it."""
     try:
         return _windows[pg]
     except KeyError:
         pass
     # the node's ranks, not only the group's, compete for its cores
     chunk = CHUNK if bell.ranks_per_core(max(pg._size, bell.local_size)) == 1 else CHUNK_SHARED
-    size = pg._size * (HEAD + 4 * chunk)
-    flag = np.array([_room() >= 2 * size], np.int32)
+    agreed = np.array([_room(), -chunk], np.int64)  # MIN: the least room, the largest chunk
     w = None
     try:
-        native.finish(NotImplemented, lambda: pg.comm.Iallreduce(MPI.IN_PLACE, flag, MPI.MIN), pg, call, flag)
-        if flag[0] and topology.node_count(pg.comm) == 1:
+        native.finish(NotImplemented, lambda: pg.comm.Iallreduce(MPI.IN_PLACE, agreed, MPI.MIN), pg, call,
+                      agreed)
+        chunk = -int(agreed[1])
+        size = pg._size * (HEAD + 4 * chunk)
+        if agreed[0] >= 2 * size and topology.node_count(pg.comm) == 1:
             seg = segments.map_on_node(pg.comm, size, "mpidist-reduce")[0]
             w = Window(seg, pg._size, chunk) if seg is not None else None
     except MPI.Exception as exc:  # a dead peer (ULFM), as in the barriers below
-        raise failure(pg, call, exc, flag) from None
+        raise failure(pg, call, exc, agreed) from None
     _windows[pg] = w
     return w
 

@@ -112,6 +112,21 @@ def test_the_chunk_is_smaller_where_each_rank_has_a_core(dist, rank, size):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_ranks_that_read_their_cores_differently_agree_on_the_chunk(dist, rank, size, monkeypatch):
+    """Each rank reads its own cores (a launcher may bind some and not others): rank 0 here
+    believes the node crowded, the others not. The window's layout must still be one."""
+    if rank == 0:
+        monkeypatch.setattr(bell, "local_size", 64 * (os.cpu_count() or 1))
+    g = dist.new_group(list(range(size)))
+    x = rank_data(rank, (3 * nodereduce.CHUNK_SHARED // 4 + 11,), "float32")
+    want = _fold([rank_data(r, x.shape, "float32") for r in range(size)])
+    dist.all_reduce(x, group=g)
+    np.testing.assert_array_equal(x, want)
+    assert gathered(dist, nodereduce._windows[g].chunk) == [nodereduce.CHUNK_SHARED] * size
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("sampled", [False, True], ids=["segment-finds-it", "check-due"])
 def test_ranks_that_pass_different_arrays_all_raise(dist, rank, size, sampled):
     world = dist.group.WORLD
