@@ -13,7 +13,7 @@ stands for), ``new_group`` of every rank (``MPI_Comm_create_group``), ``new_subg
 (mpi4py's ``allgather``), a timeout's give-up (the last rank stays away from a call on a group
 with a short timeout: the time until the others raise, the report's length and the notices each
 rank sends: forced direct, forced through neighbours, and which of the two
-``timeouts.DIRECT_UP_TO`` ships at that size) and the resident memory before and after
+``notices.DIRECT_UP_TO`` ships at that size) and the resident memory before and after
 ``import mpidist``. Writes
 ``results/scale.{txt,json,png}`` (``scale_nodes.*`` across nodes) and states each cost's
 growth: the slope of log(time) against log(ranks), ~0 flat, 1 linear (on a machine with fewer
@@ -55,7 +55,7 @@ def worker(rounds: int, target: float, timeout_s: float) -> None:
     before = rss_mib()
     world = MPI.COMM_WORLD
     import mpidist as dist
-    from mpidist.core import timeouts
+    from mpidist.core import notices
 
     def timed(md: Callable[[], object], raw: Callable[[], object], n: int = 5) -> list[float]:
         """Seconds per call of mpidist's and raw mpi4py's form, interleaved: medians of ``n`` rounds."""
@@ -86,11 +86,11 @@ def worker(rounds: int, target: float, timeout_s: float) -> None:
     obj = {"rank": world.rank, "name": "x" * 32}
     res["all_gather_object"] = timed(lambda: dist.all_gather_object([None] * world.size, obj),
                                      lambda: comm.allgather(obj), rounds)
-    direct_up_to, gave = timeouts.DIRECT_UP_TO, {}
+    direct_up_to, gave = notices.DIRECT_UP_TO, {}
     for how, up_to in (("direct", world.size), ("neighbours", 0)):
-        timeouts.DIRECT_UP_TO = up_to  # the notices forced one way, then the other
+        notices.DIRECT_UP_TO = up_to  # the notices forced one way, then the other
         gave[how] = give_up(dist, world, timeout_s)
-    timeouts.DIRECT_UP_TO = direct_up_to
+    notices.DIRECT_UP_TO = direct_up_to
     after = world.allreduce(rss_mib(), op=MPI.MAX)
     before = world.allreduce(before, op=MPI.MAX)
     if world.rank == 0:
@@ -114,7 +114,7 @@ def give_up(dist, world, timeout_s: float) -> dict:
     import numpy as np
     from mpi4py import MPI
 
-    from mpidist.core import timeouts
+    from mpidist.core import notices
 
     g = dist.new_group(timeout=timedelta(seconds=timeout_s))
     report, took, sent = "", 0.0, 0
@@ -125,7 +125,7 @@ def give_up(dist, world, timeout_s: float) -> dict:
         except dist.GroupTimeoutError as exc:
             report = str(exc)
         took = time.perf_counter() - t0
-        sent = timeouts.LAST_GIVE_UP["messages"]
+        sent = notices.LAST_GIVE_UP["messages"]
     world.Barrier()
     reports = world.gather(report)
     return {"give_up_s": world.allreduce(took, op=MPI.MAX),

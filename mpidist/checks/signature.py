@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from ..core import registry
 from ..core.groups import ProcessGroup
-from ..core.timeouts import failure, wait, wait_pending
+from ..core.timeouts import allgather, failure, wait, wait_pending
 
 #: Whether the check is on (``MPIDIST_DEBUG=OFF`` turns it off; see :func:`enable`).
 ON: bool = True
@@ -128,7 +128,7 @@ def check(pg: ProcessGroup, rec: Record, pairs: tuple[Sequence[int], Sequence[in
         return
     mine = [(s[0], _fields(s[0]), s[1:]) for s in sigs]
     sigs.clear()
-    every = pg.comm.allgather((mine, pairs))  # the ranks are in step: the check completed
+    every = allgather(pg, call, (mine, pairs))  # bounded: a rank out of step may never come
     raise ValueError(describe(pg, rec.n, [m for m, _ in every], [p for _, p in every]))
 
 

@@ -20,6 +20,9 @@ take none). The bell tells the two cases apart and wakes sleepers when the case 
   part, and a wait spins on while what is left of a large message moves (:func:`look`). Seen in
   a wait alone, the two cases look alike: a member in its previous call's wait had "arrived",
   and one done before the look never had.
+* The rest of the line says which path a rank took at a group's call, where paths can differ
+  (:func:`mark`, :func:`marks`): a rank that sums a large array through the group's shared
+  segment, and one that waits in MPI for the same call (:mod:`mpidist.calls.nodereduce`).
 
 Groups that span nodes, more than 64 local ranks, no C module, no ``/dev/shm`` or
 ``MPIDIST_BELL=0``: the mask is 0 and the waits spin and back off as before. Every ring is a
@@ -63,6 +66,7 @@ ALLOWED = os.environ.get("MPIDIST_BELL", "1").strip().lower() not in ("0", "off"
 
 _impl: Any = None  # the C module's bell functions, from calls/native (use())
 _page: mmap.mmap | None = None  # mapped for the life of the process: a sleeper may still use it
+_words: memoryview | None = None  # the page as int64 words, for mark() and marks()
 _slots: list[int] = []  # local rank of each global rank of the world, -1 on another node
 why_not = "not opened"
 alone = ALONE_PER_RANK  # this node's: see ALONE_PER_RANK
@@ -109,7 +113,7 @@ local_size = 0
 
 def _map(node: MPI.Intracomm) -> None:
     """The node's page: its first rank creates it, every rank maps it, then the name goes."""
-    global _page, _key, why_not, alone
+    global _page, _key, why_not, alone, _words
     page, name, why = segments.map_on_node(node, (node.Get_size() + 1) * LINE, "mpidist-bell")
     if page is None:
         why_not = why
@@ -120,6 +124,7 @@ def _map(node: MPI.Intracomm) -> None:
     _impl.bell_attach(ctypes.addressof(ctypes.c_char.from_buffer(page)), node.Get_rank(), alone,
                       ALONE_PER_BYTE)
     _page, _key, why_not = page, name, ""
+    _words = memoryview(page).cast("q")
 
 
 def alone_for(nbytes: int) -> float:
@@ -259,3 +264,50 @@ def nap(done: Callable[[], bool], seconds: float, bits: int, spin: bool, state: 
         _impl.bell_disarm()
         return SPIN
     return RANG if _impl.bell_sleep(seen, seconds) else SLEPT
+
+
+#: Where a rank's line (as int64 words; word 0 counts its waits, word 1 holds its ticket) says
+#: which path it took at a call: each a key (:func:`mpidist.core.timeouts.call_key`), then the
+#: count and the dtype and call of what it passed. ``SEG``: it sums that call through the group's
+#: shared segment; ``CROSSED``: it waits in MPI for that call and saw a member at ``SEG``.
+SEG, CROSSED = 2, 5
+
+
+def mark(word: int, key: int, count: int, info: int) -> None:
+    """Publish in this rank's line, at ``word`` (:data:`SEG` or :data:`CROSSED`), that it is at
+    the call of ``key`` with ``count`` elements (``info``: dtype number and call id). The key goes
+    last: a peer that reads it reads this call's count (one aligned 8-byte store each)."""
+    if _words is not None:
+        at = (local_rank + 1) * (LINE // 8) + word
+        _words[at + 1], _words[at + 2] = count, info
+        _words[at] = key
+
+
+def marks(bits: int, token: int) -> list[tuple[int, int, int, int, int]]:
+    """``(local rank, word, key, count, info)`` for each :data:`SEG` or :data:`CROSSED` word of
+    the members of the mask ``bits`` that holds a key of the group ``token`` (the key's high half)."""
+    found: list[tuple[int, int, int, int, int]] = []
+    if _words is None:
+        return found
+    for i in range(min(bits.bit_length(), MOST_LOCAL)):
+        if bits >> i & 1:
+            line = (i + 1) * (LINE // 8)
+            for word in (SEG, CROSSED):
+                key = _words[line + word]
+                if key >> 32 == token:
+                    found.append((i, word, key, _words[line + word + 1], _words[line + word + 2]))
+    return found
+
+
+def all_marked(bits: int, key: int) -> bool:
+    """Every member of the mask ``bits`` holds ``key`` at :data:`SEG`."""
+    if _words is None:
+        return False
+    per = LINE // 8
+    return all(_words[(i + 1) * per + SEG] == key for i in range(min(bits.bit_length(), MOST_LOCAL))
+               if bits >> i & 1)
+
+
+def global_ranks(ranks: Sequence[int]) -> dict[int, int]:
+    """Local rank -> global rank, for the members ``ranks`` (global) that run on this node."""
+    return {_slots[r]: r for r in ranks if 0 <= r < len(_slots) and _slots[r] >= 0}

@@ -17,7 +17,9 @@ import os
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from mpi4py import MPI
 
 from . import bell, errors
 
@@ -238,3 +240,17 @@ def poll(done: Callable[[], bool], deadline: float | None,
 def deadline(timeout: float | None) -> float | None:
     """The monotonic time ``timeout`` seconds from now (``None``: no deadline)."""
     return None if timeout is None else time.monotonic() + timeout
+
+
+def tester(reqs: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
+           ) -> Callable[[], bool]:
+    """The cheapest test of ``reqs`` (``True`` once all are complete, ``statuses`` filled):
+    ``MPI_Test`` for the one request most calls have, which costs less than ``MPI_Testall`` over
+    a list of one; the difference decides how fast ranks that share a core hand it on."""
+    if len(reqs) == 1 and (statuses is None or len(statuses) == 1):
+        req = reqs[0]
+        if statuses is None:
+            return req.Test
+        status = statuses[0]
+        return lambda: req.Test(status)
+    return lambda: MPI.Request.Testall(reqs, statuses)

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from . import bell, errors, registry, timeouts
 from .groups import ProcessGroup
 from .registry import define
-from .waiting import nbytes_of, seconds
+from .waiting import nbytes_of, seconds, tester
 
 
 def _done_already() -> bool:
@@ -45,7 +45,7 @@ class Work:
         self._exc: BaseException | None = None
         self._statuses = statuses
         self._keep = keep  # buffers MPI is still reading or writing
-        self._test = timeouts.tester(self._reqs, statuses)
+        self._test = tester(self._reqs, statuses)
         self._seq = pg.seq if pg is not None else 0  # the call's number on its group
         #: The group's timeout for this work (``barrier(timeout=)``); ``None``: the group's own.
         self.limit: float | None = None
@@ -67,7 +67,7 @@ class Work:
         """The error to hand on once this work's group timeout has passed since ``start``
         (or a peer gave up); see :func:`mpidist.core.timeouts.expired`. For the torch backend,
         whose works a progress thread completes."""
-        return timeouts.expired(self._pg, self._call, keep, start)
+        return timeouts.expired(self._pg, self._call, keep, start, self._seq)
 
     @property
     def bell(self) -> int:

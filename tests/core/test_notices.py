@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import assert_all_ranks_ok, still_works
 
-from mpidist.core import groups, ranklists, timeouts
+from mpidist.core import groups, notices, ranklists, timeouts
 
 LIMIT = 1.0
 END_BY = LIMIT + 15.0  # the deadline plus the grace period, with room for an oversubscribed machine
@@ -41,7 +41,7 @@ def _hops(n: int, source: int, gone: frozenset[int] = frozenset()) -> dict[int, 
 def test_the_neighbours_reach_every_rank_within_log2_n_hops(n):
     hops = math.ceil(math.log2(n)) if n > 1 else 0
     for me in range(n):
-        to = timeouts.neighbours(me, n)
+        to = notices.neighbours(me, n)
         assert len(to) == len(set(to)) == hops and me not in to and all(0 <= r < n for r in to)
         reach = _hops(n, me)
         assert sorted(reach) == list(range(n)) and max(reach.values()) <= hops
@@ -65,7 +65,7 @@ def test_two_silent_ranks_can_cut_a_rank_off_which_is_why_ranks_ask():
 def mode(request, monkeypatch):
     """How notices travel; every rank runs the same parameter, so all agree on it."""
     if request.param == "neighbours":
-        monkeypatch.setattr(timeouts, "DIRECT_UP_TO", 0)
+        monkeypatch.setattr(notices, "DIRECT_UP_TO", 0)
     return request.param
 
 
@@ -78,7 +78,7 @@ def _silent_call(dist, rank, silent):
         with pytest.raises(dist.GroupTimeoutError) as info:
             dist.all_reduce(np.ones(2), group=g)
         took, report = time.monotonic() - t0, str(info.value)
-        sent = dict(timeouts.LAST_GIVE_UP)
+        sent = dict(notices.LAST_GIVE_UP)
     return g, report, took, sent
 
 
@@ -144,7 +144,7 @@ def test_news_of_one_give_up_ends_every_waiting_rank(dist, rank, size, mode):
     silent, far = 1, 60.0
     waiting = set(range(size)) - {0, silent}
     if size >= 4 and mode == "neighbours":
-        assert waiting - set(timeouts.neighbours(0, size)), "the test would not need the news passed on"
+        assert waiting - set(notices.neighbours(0, size)), "the test would not need the news passed on"
     if rank in waiting:
         g.timeout = timedelta(seconds=far)  # this rank's own: the group agreed on LIMIT
     bad: list[str] = []
@@ -176,7 +176,7 @@ def test_ranks_that_give_up_one_after_another_are_all_heard_of(dist, rank, size,
         waited = sorted(set(range(size)) - {silent, rank})
         if f"heard from {ranklists.plural(waited)} (all_reduce #1)" not in report:
             bad.append(f"a rank that waited is missing: {report}")
-        if rank == 0 and not took < LIMIT + timeouts.MOST_GRACES * g_s + 1.0:
+        if rank == 0 and not took < LIMIT + notices.MOST_GRACES * g_s + 1.0:
             bad.append(f"listened until {took:.2f} s")
     assert_all_ranks_ok(dist, bad)
     still_works(dist, size)
