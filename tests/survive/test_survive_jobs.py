@@ -26,7 +26,7 @@ SURVIVE = """
 n = {n}; victim = {victim}; how = "{how}"
 dist.init_process_group("mpi")
 me = dist.get_rank()
-x = np.ones(4)
+x = np.ones({count})
 dist.all_reduce(x)
 if me == victim:
     {where}
@@ -70,15 +70,24 @@ def _check(r, n, victims):
 @pytest.mark.parametrize("where", ["pass", "time.sleep(0.3)"], ids=["between-steps", "mid-collective"])
 def test_every_survivor_raises_and_shrinks(tmp_path, n, how, where):
     victim = n - 1
-    r = job(tmp_path, n, SURVIVE.format(n=n, victim=victim, how=how, where=where))
+    r = job(tmp_path, n, SURVIVE.format(n=n, victim=victim, how=how, where=where, count=4))
     pfe = _check(r, n, [victim])
     died = float(lines(r.stdout, "DIED")[0][1])
     for p in pfe:  # a report, not an assertion on time: the detector's timeout is 0.4 s
         print(f"rank {p[1]}: ProcessFailureError {float(p[2]) - died:.2f} s after the death")
 
 
+@pytest.mark.parametrize("where", ["pass", "time.sleep(0.3)"], ids=["between-steps", "mid-collective"])
+def test_survivors_of_a_large_sum_within_a_node_raise(tmp_path, where):
+    """Sums of 4 MiB go through the node's shared segment, whose ranks first wait for each other's
+    marks in shared memory, not in MPI: a dead peer is still found (ULFM), not waited for until
+    the group's timeout."""
+    r = job(tmp_path, 3, SURVIVE.format(n=3, victim=2, how="kill", where=where, count=(4 << 20) // 8))
+    _check(r, 3, [2])
+
+
 def test_rank_0_dies(tmp_path):
-    r = job(tmp_path, 4, SURVIVE.format(n=4, victim=0, how="kill", where="time.sleep(0.3)"))
+    r = job(tmp_path, 4, SURVIVE.format(n=4, victim=0, how="kill", where="time.sleep(0.3)", count=4))
     _check(r, 4, [0])
 
 
