@@ -95,6 +95,9 @@ def describe() -> str:
     """For ``python -m mpidist info``: whether large sums within a node take the segment."""
     if not ON:
         return "through MPI (MPIDIST_NODE_REDUCE=0)"
+    state = bell.state(2)
+    if state.startswith("off"):  # the segment's ranks meet on the bell before any MPI call
+        return f"through MPI (the node's bell is {state})"
     return (f"from {MIN_BYTES >> 20} MiB on groups within one node, in a shared /dev/shm segment "
             f"({_room() >> 20} MiB free there)")
 

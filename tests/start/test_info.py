@@ -99,6 +99,7 @@ def test_info_says_whether_the_bell_rings(setting):
     ("MALLOC_TRIM_THRESHOLD_", "1048576", "left as the user chose (MALLOC_TRIM_THRESHOLD_)"),
     ("MPIDIST_NODE_REDUCE", "0", "through MPI (MPIDIST_NODE_REDUCE=0)"),
     ("MPIDIST_NODE_REDUCE", "1", "from 4 MiB on groups within one node"),
+    ("MPIDIST_BELL", "0", "through MPI (the node's bell is off: turned off (MPIDIST_BELL=0))"),
 ])
 def test_info_says_what_happens_to_the_heap_and_large_sums(variable, setting, want):
     key = "heap" if "MALLOC" in variable else "node_reduce"
