@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple
 
-from ..core import errors, registry, timeouts
+from ..core import errors, registry
 from ..core.groups import ProcessGroup, resolve
 from ..core.registry import Call
 from . import signature
@@ -224,7 +224,7 @@ def _settle(p: _Pending, pg: ProcessGroup | None, sig: tuple | None, pairs: Any,
         fields, pair = {"group": pg.group_name, "arguments": f"unreadable ({err!r})"}, None
     me = _Info(errors.WORLD_RANK, p.call.name, seq, fields, pairs or pair,
                None if exc is None else str(exc), None if exc is None else type(exc).__name__)
-    found = compare(timeouts.allgather(pg, p.call, me), pg)
+    found = compare(pg.comm.allgather(me), pg)
     if found is not None:
         kind, msg = found
         raise kind(msg) from exc

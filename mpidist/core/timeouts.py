@@ -24,8 +24,8 @@ is the fallback there, aborting the job past the timeout.
 
 from __future__ import annotations
 
+import marshal
 import os
-import pickle
 import time
 from typing import Any, Callable, Sequence
 
@@ -132,17 +132,27 @@ def wait_for(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any =
 
 
 def allgather(pg: ProcessGroup, call: Any, obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in group rank order: ``MPI_Iallgather`` of the sizes,
-    then ``MPI_Iallgatherv`` of the bytes, each in the bounded wait -- for the checks that
-    describe a disagreement, where a rank that is not in step must not hang the others."""
-    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    """Every rank's ``obj`` (ints, strings, None and tuples or lists of them; numpy's integers
+    become Python's), in group rank order: ``MPI_Iallgather`` of the sizes, then
+    ``MPI_Iallgatherv`` of the ``marshal`` bytes (no pickles: nothing a peer sends runs here),
+    each in the bounded wait -- for a check that describes a disagreement, where a rank that is
+    not in step must not hang the others."""
+    data = np.frombuffer(marshal.dumps(_plain(obj)), np.uint8)
     sizes = np.zeros(pg._size, np.int64)
     wait((pg.comm.Iallgather([np.array([data.size], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T]),),
          pg, call, sizes)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     out = np.empty(int(sizes.sum()), np.uint8)
     wait((pg.comm.Iallgatherv([data, MPI.BYTE], [out, (sizes, starts), MPI.BYTE]),), pg, call, (data, out))
-    return [pickle.loads(out[a:a + n].tobytes()) for a, n in zip(starts.tolist(), sizes.tolist())]
+    return [marshal.loads(out[a:a + n].tobytes()) for a, n in zip(starts.tolist(), sizes.tolist())]
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return tuple(_plain(x) for x in obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj if obj is None or isinstance(obj, (bool, int, float, str, bytes)) else repr(obj)
 
 
 def wait_pending(handle: int, pg: ProcessGroup, call: Any, keep: Any) -> None:
