@@ -7,6 +7,9 @@ time of one DDP step (forward, backward, optimizer) for a small (~10 k parameter
 large (>= 10 M) MLP: gloo, mpidist with overlapped bucket all-reduces (nonblocking MPI
 completed by the progress thread) and mpidist with every bucket reduced synchronously.
 Every figure is the slowest rank's mean over ``--reps`` calls, best of ``--trials``.
+``--rounds R`` interleaves the DDP steps of the backends R times: the step times are the
+medians of the rounds, and each ratio is first taken within a round (the two sides ran under the
+same load), then given as the median of those and their min-max.
 
     mpiexec -n 4 python benchmarks/torch_backend.py                       # full run
     mpiexec -n 2 python benchmarks/torch_backend.py --max-bytes 4MiB --reps 20 --large-width 1024
@@ -328,15 +331,16 @@ def main() -> None:
     if rank == 0:
         feed = f", {args.loader_workers} loader workers each" if args.loader_workers else ""
         print(f"\nDDP step, {size} ranks x {args.threads} threads{feed} (ms per step, slowest rank)")
+        noise = f" {'gloo/gloo':>19}" if args.noise else ""
         print(f"{'model':>6} {'params':>10} {'gloo':>9} {'md overlap':>11} {'md sync':>9} "
-              f"{'gloo/overlap':>14} {'gloo/sync':>14}{' gloo/gloo' if args.noise else ''}"
-              "   (medians; ratios: min-max of the rounds)")
+              f"{'gloo/overlap':>19} {'gloo/sync':>19}{noise}"
+              "   (ms: medians of the rounds; ratios: the median of the rounds' own, then their min-max)")
         for r in ddp:
-            spans = [f"{min(r[k]):.2f}-{max(r[k]):.2f}" for k in ("gloo_over_overlap", "gloo_over_sync",
-                                                                   "gloo_over_gloo") if k in r]
+            spans = [f"{statistics.median(r[k]):.2f} {min(r[k]):.2f}-{max(r[k]):.2f}"
+                     for k in ("gloo_over_overlap", "gloo_over_sync", "gloo_over_gloo") if k in r]
             print(f"{r['model']:>6} {r['params']:>10} {r['gloo_ms']:>9.2f} {r['mpidist_overlap_ms']:>11.2f} "
-                  f"{r['mpidist_sync_ms']:>9.2f} {spans[0]:>14} {spans[1]:>14}"
-                  + (f" {spans[2]:>9}" if args.noise else ""))
+                  f"{r['mpidist_sync_ms']:>9.2f} {spans[0]:>19} {spans[1]:>19}"
+                  + (f" {spans[2]:>19}" if args.noise else ""))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=1)
