@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple
 
-from ..core import errors, registry
+from ..core import errors, registry, settings
 from ..core.groups import ProcessGroup, resolve
 from ..core.registry import Call
 from . import signature
@@ -100,21 +100,19 @@ def set_debug_level_from_env() -> None:
     Unset or empty leaves the level ``OFF`` with the default check of
     :mod:`mpidist.checks.signature` on; ``OFF`` itself turns that check off too.
     """
-    value = os.environ.get("MPIDIST_DEBUG", "").strip()
     try:
-        set_debug_level(value or "OFF")
-    except ValueError:
-        raise errors.value_error(
-            "set_debug_level_from_env", f"MPIDIST_DEBUG={value!r} is not one of OFF, INFO, DETAIL"
-        ) from None
-    signature.enable(value.upper() != "OFF")
+        value = settings.choice("MPIDIST_DEBUG")
+    except ValueError as exc:
+        raise errors.value_error("set_debug_level_from_env", str(exc)) from None
+    set_debug_level(value or "OFF")
+    signature.enable(value != "OFF")
 
 
 def set_debug_level_from_torch_env() -> None:
     """For the torch backend: ``TORCH_DISTRIBUTED_DEBUG=INFO``/``DETAIL`` (torch's name for the
     switch) set the same level here, unless ``MPIDIST_DEBUG`` is set; anything else changes nothing."""
     value = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper()
-    if value in ("INFO", "DETAIL") and not os.environ.get("MPIDIST_DEBUG", "").strip():
+    if value in ("INFO", "DETAIL") and not settings.is_set("MPIDIST_DEBUG"):
         set_debug_level(value)
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..core import errors, faults, groups, registry
+from ..core import errors, faults, groups, registry, settings
 from ..core.waiting import Backoff, seconds
 
 _saved: dict[str, Any] = {}
@@ -56,7 +56,11 @@ POLL = 0.1
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get("MPIDIST_ABORT_ON_ERROR", "1").strip().lower() not in ("0", "false", "no", "off")
+    """``MPIDIST_ABORT_ON_ERROR`` (default on)."""
+    try:
+        return bool(settings.flag("MPIDIST_ABORT_ON_ERROR"))
+    except ValueError as exc:
+        raise errors.value_error("init_process_group", str(exc)) from None
 
 
 def abort(text: str, code: int = 1) -> None:
@@ -99,14 +103,12 @@ def _thread_hook(args: threading.ExceptHookArgs) -> None:
 
 def exit_timeout(default: float | None) -> float:
     """Seconds an exiting rank waits for its peers: ``MPIDIST_EXIT_TIMEOUT``, else ``default``."""
-    raw = os.environ.get("MPIDIST_EXIT_TIMEOUT", "").strip()
-    if raw:
-        try:
-            return float(raw)
-        except ValueError:
-            raise errors.value_error(
-                "init_process_group", f"MPIDIST_EXIT_TIMEOUT={raw!r} is not a number of seconds"
-            ) from None
+    try:
+        limit = settings.seconds("MPIDIST_EXIT_TIMEOUT")
+    except ValueError as exc:
+        raise errors.value_error("init_process_group", str(exc)) from None
+    if limit is not None:
+        return limit
     return 1800.0 if default is None else float(default)
 
 

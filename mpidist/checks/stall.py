@@ -20,7 +20,6 @@ back, and aborted the process ("terminate called without an active exception").
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ from types import FrameType
 
 from mpi4py import MPI
 
-from ..core import errors, groups, ranklists, registry, waiting
+from ..core import errors, groups, ranklists, registry, settings, waiting
 from ..core.groups import ProcessGroup, resolve
 from ..core.waiting import seconds
 from . import census, debug, failure, flight
@@ -40,14 +39,7 @@ _PKG = str(Path(__file__).resolve().parent)
 
 def stall_warn_s() -> float:
     """``MPIDIST_STALL_WARN_S`` as seconds (default 60); ``0`` turns the watch off."""
-    raw = os.environ.get("MPIDIST_STALL_WARN_S", "60").strip().lower()
-    if raw in ("", "off", "none"):
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"MPIDIST_STALL_WARN_S={raw!r} is not a number of seconds") from None
-    return max(value, 0.0)
+    return settings.seconds("MPIDIST_STALL_WARN_S") or 0.0  # declared with a default: never None
 
 
 def _mpidist_frames(frame: FrameType | None) -> list[FrameType]:

@@ -7,13 +7,12 @@ from (torch, CuPy), or by ``libcudart`` through ctypes for anything else (Numba,
 The producing stream is synchronised before MPI or a copy touches the memory (mpi4py leaves
 that to the caller).
 
-Imports: :mod:`mpidist.core`'s errors only (the core's buffers import this package).
+Imports: :mod:`mpidist.core`'s errors and settings only (the core's buffers import this package).
 """
 
 from __future__ import annotations
 
-import os
-
+from ..core import settings
 from .aware import ENV_CUDA_AWARE, cuda_aware, query_cuda_support
 from .copy import LIBRARIES, Library, cudart, library, synchronize
 from .detect import DL_CUDA, DL_CUDA_MANAGED, DL_ROCM, Device, DeviceView, inspect
@@ -29,7 +28,7 @@ __all__ = [
 def describe() -> str:
     """One line on the GPU path in use, for ``python -m mpidist info``."""
     aware = cuda_aware()
-    src = "MPIDIST_CUDA_AWARE" if os.environ.get(ENV_CUDA_AWARE) else "MPIX_Query_cuda_support"
+    src = ENV_CUDA_AWARE if settings.is_set(ENV_CUDA_AWARE) else "MPIX_Query_cuda_support"
     if aware == "yes":
         how = "device buffers go to MPI directly (fp16/bf16 reductions and list arguments staged)"
     else:

@@ -7,7 +7,7 @@ import os
 
 from mpi4py import MPI
 
-from ..core import errors
+from ..core import errors, settings
 
 #: Environment variable that overrides the CUDA-awareness query (``0`` or ``1``).
 ENV_CUDA_AWARE = "MPIDIST_CUDA_AWARE"
@@ -45,11 +45,12 @@ def cuda_aware() -> str:
     Without an answer mpidist stages, which is always correct.
     """
     global _aware
-    env = os.environ.get(ENV_CUDA_AWARE, "").strip()
-    if env in ("0", "1"):
-        return "yes" if env == "1" else "no"
-    if env:
-        raise errors.value_error("cuda_aware", f"{ENV_CUDA_AWARE}={env!r}; use 0 or 1")
+    try:
+        chosen = settings.flag(ENV_CUDA_AWARE)
+    except ValueError as exc:
+        raise errors.value_error("cuda_aware", str(exc)) from None
+    if chosen is not None:
+        return "yes" if chosen else "no"
     if _aware is None:
         if os.environ.get("MPIR_CVAR_ENABLE_GPU", "").strip() in ("0", "false", "no"):
             _aware = "no"

@@ -25,7 +25,7 @@ def _ft_job() -> bool:
 def _at_exit() -> None:
     from mpi4py import MPI
 
-    from ..core import faults
+    from ..core import faults, settings
     from ..core.waiting import Backoff, poll
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
@@ -33,7 +33,9 @@ def _at_exit() -> None:
     sys.stderr.flush()
     if faults.seen:
         return  # a rank died: the barrier would only wait for it to be declared dead
-    limit = float(os.environ.get("MPIDIST_EXIT_TIMEOUT", "") or 60.0)
+    limit = settings.seconds("MPIDIST_EXIT_TIMEOUT")
+    if limit is None:  # no group's timeout to fall back on at exit
+        limit = 60.0
     try:
         req = MPI.COMM_WORLD.Ibarrier()
         poll(req.Test, time.monotonic() + limit, Backoff())

@@ -23,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from ..core import settings
+
 #: Blocks up to this size come from the heap and are reused after ``free``.
 MMAP_THRESHOLD = 64 << 20
 #: Free memory at the top of the heap kept for reuse, up to this size.
@@ -39,7 +41,7 @@ state: str | None = None
 
 def reason_to_leave(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
     """Why the heap's limits are not mpidist's to set, or ``None`` when they are."""
-    if env.get("MPIDIST_MALLOC", "").strip().lower() in ("0", "off", "no", "false"):
+    if not settings.flag("MPIDIST_MALLOC", env):
         return "off (MPIDIST_MALLOC=0)"
     chosen = [v for v in USER_VARIABLES if v in env]
     if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):

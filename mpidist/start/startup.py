@@ -21,19 +21,16 @@ import signal
 import sys
 import time
 
+from ..core import settings
+
 _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 _watcher: tuple[int, int] | None = None  # (pid, write end of the pipe)
 
 
 def timeout_s() -> float:
-    raw = os.environ.get("MPIDIST_INIT_TIMEOUT_S", "300").strip().lower()
-    if raw in ("", "0", "off", "none"):
-        return 0.0
-    try:
-        return max(float(raw), 0.0)
-    except ValueError:
-        raise ValueError(f"MPIDIST_INIT_TIMEOUT_S={raw!r} is not a number of seconds") from None
+    """``MPIDIST_INIT_TIMEOUT_S`` (default 300; 0 turns the bound off)."""
+    return settings.seconds("MPIDIST_INIT_TIMEOUT_S") or 0.0  # declared with a default: never None
 
 
 def _launched() -> bool:

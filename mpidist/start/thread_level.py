@@ -9,19 +9,18 @@ messages of 1 MiB and more, so ``multiple`` stays the default.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
-LEVELS = ("single", "funneled", "serialized", "multiple")
+from ..core import settings
+
+LEVELS = settings.SETTINGS["MPIDIST_THREAD_LEVEL"].choices
 
 
 def _configure() -> None:
-    level = os.environ.get("MPIDIST_THREAD_LEVEL", "").strip().lower()
-    if not level:
+    level = settings.choice("MPIDIST_THREAD_LEVEL")
+    if level is None:
         return
-    if level not in LEVELS:
-        raise ValueError(f"MPIDIST_THREAD_LEVEL={level!r} is not one of {', '.join(LEVELS)}")
     if "mpi4py.MPI" in sys.modules:
         warnings.warn(
             f"MPIDIST_THREAD_LEVEL={level} has no effect: mpi4py.MPI was imported before mpidist",

@@ -20,11 +20,9 @@ overlaps).
 
 from __future__ import annotations
 
-import os
-
 from mpi4py import MPI
 
-from ..core import topology
+from ..core import settings, topology
 
 #: One node: asynchronous calls of at most this many bytes run the blocking MPI call.
 ONE_NODE = 64 << 20
@@ -34,8 +32,7 @@ ACROSS_NODES = 0
 
 def from_env() -> int | None:
     """``MPIDIST_TORCH_SYNC_BYTES`` as an int, ``None`` when unset (choose per group)."""
-    text = os.environ.get("MPIDIST_TORCH_SYNC_BYTES", "").strip()
-    return int(text) if text else None
+    return settings.integer("MPIDIST_TORCH_SYNC_BYTES")
 
 
 def choose(nodes: int) -> int:
