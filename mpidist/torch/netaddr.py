@@ -3,10 +3,12 @@
 Used where a rank must advertise a TCP endpoint (the torch backend's store) to ranks on
 other nodes: a host name may not resolve there, or resolve to loopback (``127.0.1.1`` in
 Debian's ``/etc/hosts``), while an interface address on the shared network always works.
+The endpoint listens on that one address (:func:`listener`), never on every interface.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import ipaddress
 import socket
@@ -45,31 +47,58 @@ def interfaces() -> list[tuple[str, ipaddress.IPv4Interface]]:
     return out
 
 
-def advertised_addresses() -> list[str]:
-    """This host's addresses for peers on other nodes: its interface addresses, then its name."""
-    found = [str(iface.ip) for _, iface in interfaces()]
-    return found + [socket.getfqdn()]
+def ipv4_of(host: str) -> str | None:
+    """``host``'s IPv4 address as this host resolves it (an address is returned as it is), or ``None``."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
 
 
-def reachable(candidates: list[str], port: int, timeout: float = 2.0) -> str | None:
-    """The first of ``candidates`` that accepts a TCP connection on ``port``, or ``None``.
+def listener(address: str, port: int = 0) -> socket.socket:
+    """A TCP socket listening on ``address`` only (``port`` 0: a free one), never on every interface.
 
-    Candidates on one of this host's own subnets are tried first (one connect in the
-    usual case); each try waits at most ``timeout`` seconds.
+    ``SO_REUSEADDR``, as torch's own store sets it, so that a port left in ``TIME_WAIT`` by an
+    earlier job can be bound again.
     """
-    mine = [iface.network for _, iface in interfaces()]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def local_first(c: str) -> int:
-        try:
-            ip = ipaddress.IPv4Address(c)
-        except ValueError:
-            return 1
-        return 0 if any(ip in net for net in mine) else 1
 
-    for host in sorted(candidates, key=local_first):
+def probe(targets: list[tuple[str, str, int]], timeout: float = 2.0) -> list[int]:
+    """How well this host reaches each ``(host, address, port)`` of a peer: 0, 1 or 2.
+
+    0: no TCP connection within ``timeout`` seconds, or ``address`` is one of this host's own
+    (a peer's ``docker0``-style address that every host has would reach this host, not the
+    peer); 1: reached; 2: reached, on one of this host's own subnets (no router between). The
+    targets are tried at the same time, so the whole probe takes at most ``timeout``.
+    """
+    mine = interfaces()
+    own = {str(iface.ip) for _, iface in mine}
+
+    def score(target: tuple[str, str, int]) -> int:
+        host, address, port = target
+        if address in own:
+            return 0
         try:
             with socket.create_connection((host, port), timeout=timeout):
-                return host
+                pass
         except OSError:
-            continue
-    return None
+            return 0
+        try:
+            ip = ipaddress.IPv4Address(address)
+        except ValueError:
+            return 1
+        return 2 if any(ip in iface.network for _, iface in mine) else 1
+
+    if not targets:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        return list(pool.map(score, targets))

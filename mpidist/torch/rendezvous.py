@@ -3,7 +3,9 @@
 torch wants a store plus rank and world size, or the ``env://`` variables. Under an MPI
 launcher all of it follows from MPI: :func:`install` wraps torch's ``env://`` handler so
 that, when ``MASTER_ADDR``/``MASTER_PORT`` are not set, rank 0 starts a ``TCPStore`` on a
-free port and broadcasts its address with ``MPI_Bcast``. Rank and size come from
+free port and broadcasts its address with ``MPI_Bcast``. The store has no authentication, so it
+listens on loopback when the job is on one node and on the one address of rank 0's host that the
+other nodes reach otherwise, never on every interface (:func:`mpi_store`). Rank and size come from
 ``MPI_COMM_WORLD``; a ``RANK``/``WORLD_SIZE`` (variable or argument) that disagrees with
 MPI raises ``ValueError``, in a job of several ranks on every rank at once (also when the
 variables are set: then torch's own handler runs after the check).
@@ -12,6 +14,7 @@ variables are set: then torch's own handler runs after the check).
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import socket
 from datetime import timedelta
@@ -100,56 +103,140 @@ def export_environment() -> None:
         os.environ.setdefault(var, str(value))
 
 
-def _single_node(comm: MPI.Intracomm) -> bool:
+def _node_facts(comm: MPI.Intracomm) -> tuple[bool, bool]:
+    """``(one node, first rank of this node)`` from ``MPI_COMM_TYPE_SHARED``: the same on every rank."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size() == comm.Get_size()
+        return node.Get_size() == comm.Get_size(), node.Get_rank() == 0
     finally:
         node.Free()
+
+
+def _candidates() -> list[tuple[str, str]]:
+    """Rank 0's ``(name to advertise, IPv4 address to bind)`` pairs for a job across nodes.
+
+    ``MASTER_ADDR`` alone when set; otherwise every interface address, then the host's name
+    where it resolves to an address of its own that no interface listed.
+    """
+    from . import netaddr
+
+    here = socket.gethostname()
+    given = os.environ.get("MASTER_ADDR", "").strip()
+    if given:
+        address = netaddr.ipv4_of(given)
+        if address is None or ipaddress.ip_address(address).is_loopback:
+            raise errors.runtime_error(
+                CALL, f"MASTER_ADDR={given!r} resolves to {address or 'no IPv4 address'} on rank 0's host "
+                f"{here}, which the other nodes cannot reach; set MASTER_ADDR to an address of an interface "
+                "they share (or unset it: rank 0 then finds one)")
+        return [(given, address)]
+    found = [(str(iface.ip), str(iface.ip)) for _, iface in netaddr.interfaces()]
+    name = socket.getfqdn()
+    address = netaddr.ipv4_of(name)
+    if address is not None and not ipaddress.ip_address(address).is_loopback and \
+            address not in {a for _, a in found}:
+        found.append((name, address))
+    if not found:
+        raise errors.runtime_error(
+            CALL, f"rank 0's host {here} has no IPv4 address other than loopback for the ranks on the other "
+                  "nodes; set MASTER_ADDR to one they can reach")
+    return found
+
+
+def _choose(offer: list[tuple[str, str, int]], reports: list[Any]) -> int:
+    """The offered address every node reaches, directly where possible; ``RuntimeError`` when none.
+
+    ``reports`` holds, from one rank per node other than rank 0's, ``(host, scores)`` as
+    :func:`netaddr.probe` gives them (``None`` from every other rank).
+    """
+    reports = [r for r in reports if r is not None]
+    if not reports:  # every rank is on rank 0's node
+        return 0
+    worst = [min(scores[i] for _, scores in reports) for i in range(len(offer))]
+    if max(worst) > 0:
+        return worst.index(max(worst))  # ties: the first in rank 0's order (interfaces, then its name)
+    seen = "; ".join(f"{host} reached {[offer[i][0] for i, s in enumerate(scores) if s] or 'none'}"
+                     for host, scores in reports)
+    raise errors.runtime_error(
+        CALL, f"no address of rank 0's host {socket.gethostname()} ({[o[0] for o in offer]}) is reached from "
+        f"every node ({seen}); set MASTER_ADDR to an address of rank 0's host that the other nodes can reach")
 
 
 def mpi_store(timeout: timedelta) -> Any:
     """A ``TCPStore`` served by rank 0 on a free port, its address sent by ``MPI_Bcast``.
 
-    On one node the store listens on loopback. Across nodes rank 0 advertises its
-    interface addresses (``MASTER_ADDR`` alone, when set without ``MASTER_PORT``) and
-    every other rank connects to the first it can reach (its own subnets first), so a
-    host name that does not resolve on the other nodes, or resolves to loopback there,
-    does not matter.
+    Collective over ``MPI_COMM_WORLD``; every rank gets its client of the store, or the same
+    ``RuntimeError`` when rank 0 could not start it.
+
+    What the store listens on: torch's store has no authentication, so it never listens on
+    every interface. When every rank is on rank 0's node (``MPI_COMM_TYPE_SHARED``) it
+    listens on loopback only, ``127.0.0.1``. Across nodes it listens on one address of rank
+    0's host: ``MASTER_ADDR`` when set without ``MASTER_PORT`` (it must resolve, on rank 0's
+    host, to one of its addresses other than loopback), otherwise the one of its interface
+    addresses (and its host name) that one rank of every other node reaches: rank 0 holds a
+    listening socket on each, the other nodes try them all at once (:func:`netaddr.probe`),
+    and rank 0 keeps the one every node reached, on the nodes' own subnet where there is one,
+    else the first in its interfaces' order. So a host name that does not resolve on the
+    other nodes, or resolves to loopback there, does not matter. The socket is bound before
+    torch gets it (``master_listen_fd``), so the store never listens more widely, not even
+    for a moment.
     """
     from torch.distributed import TCPStore
 
     from . import netaddr
 
     comm = MPI.COMM_WORLD
-    size = comm.Get_size()
-    single = _single_node(comm)
-    if comm.Get_rank() == 0:
-        error = None
+    me, size = comm.Get_rank(), comm.Get_size()
+    single, first_on_node = _node_facts(comm)
+    error: Exception | None = None
+    listeners: list[socket.socket] = []
+    offer: list[tuple[str, str, int]] | None = None
+    if me == 0:
         try:
-            given = os.environ.get("MASTER_ADDR", "").strip()
-            candidates = ["127.0.0.1"] if single else ([given] if given else netaddr.advertised_addresses())
-            # the server listens on every interface; rank 0's own client uses the first address
-            store = TCPStore(candidates[0], 0, size, True, timeout=timeout, wait_for_workers=False)
-            address: Any = (candidates, store.port)
+            pairs = [("127.0.0.1", "127.0.0.1")] if single else _candidates()
+            for name, address in pairs:
+                try:
+                    listeners.append(netaddr.listener(address))
+                except OSError as exc:
+                    raise errors.runtime_error(
+                        CALL, f"rank 0 cannot listen on {address} ({name}) on its host "
+                        f"{socket.gethostname()}: {exc}; MASTER_ADDR, when set, must be an address of "
+                        "rank 0's host") from exc
+            offer = [(name, address, s.getsockname()[1]) for (name, address), s in zip(pairs, listeners)]
         except Exception as exc:  # noqa: BLE001 - every rank must learn that it failed
-            error, address = exc, None
-        address = comm.bcast(address, 0)
+            error = exc
+    offer = comm.bcast(offer if error is None else None, 0)
+    reports: list[Any] = []
+    if offer is not None and not single:
+        # one rank per node probes: the ranks of a node reach the same addresses
+        mine = (socket.gethostname(), netaddr.probe(offer)) if first_on_node and me != 0 else None
+        reports = comm.gather(mine, 0) or []
+    store, chosen = None, None
+    if me == 0:
+        try:
+            if error is None:
+                index = _choose(offer, reports)
+                name, _, port = offer[index]
+                # torch's store takes the socket over and closes it: it must not be closed here too
+                fd = listeners.pop(index).detach()
+                store = TCPStore(name, port, size, True, timeout=timeout, wait_for_workers=False,
+                                 master_listen_fd=fd)
+                chosen = (name, port)
+        except Exception as exc:  # noqa: BLE001
+            error = exc
+        finally:
+            for s in listeners:  # the addresses not chosen stop listening at once
+                s.close()
+        failed = None if error is None else f"{type(error).__name__}: {error}"
+        comm.bcast((chosen, failed), 0)
         if error is not None:
             raise error
         return store
-    address = comm.bcast(None, 0)
-    if address is None:
-        raise errors.runtime_error(CALL, "rank 0 could not start the TCPStore; see its error")
-    candidates, port = address
-    host = candidates[0] if len(candidates) == 1 else netaddr.reachable(candidates, port)
-    if host is None:
-        raise errors.runtime_error(
-            CALL, f"rank {comm.Get_rank()} on {socket.gethostname()} cannot reach rank 0's store at any of "
-            f"{candidates} (port {port}); set MASTER_ADDR to an address of rank 0's host that the "
-            "other nodes can reach"
-        )
-    return TCPStore(host, port, size, False, timeout=timeout)
+    chosen, failed = comm.bcast(None, 0)
+    if chosen is None:
+        raise errors.runtime_error(CALL, f"rank 0 could not start the TCPStore: {failed or 'see its error'}")
+    name, port = chosen
+    return TCPStore(name, port, size, False, timeout=timeout)
 
 
 def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:

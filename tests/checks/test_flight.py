@@ -85,3 +85,75 @@ def test_off_by_default_costs_nothing(dist):
 
     assert not flight.enabled()
     assert registry.hook() is None or dist.get_debug_level() != dist.DebugLevel.OFF
+
+
+# ---------------------------------------------------------------- files and the signal, in this process
+
+@pytest.fixture
+def flight_dir(tmp_path, monkeypatch):
+    """A record folder of this test's own; the recorder is stopped again afterwards."""
+    folder = tmp_path / "flight"
+    folder.mkdir()
+    monkeypatch.setenv(flight.ENV_DIR, str(folder))
+    yield folder
+    flight.enable(0)
+
+
+def test_a_planted_link_is_never_written_through(tmp_path, flight_dir):
+    from mpidist.core import errors
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victims = {name: elsewhere / name for name in ("via-tmp", "via-json")}
+    for victim in victims.values():
+        victim.write_text("precious")
+    final = flight_dir / f"mpidist-flight-rank{errors.WORLD_RANK}.json"
+    old_tmp = final.with_suffix(".tmp")  # the fixed name the recorder once wrote first
+    old_tmp.symlink_to(victims["via-tmp"])
+    final.symlink_to(victims["via-json"])
+    flight.enable(5)
+    assert flight.dump("test") == final
+    assert all(v.read_text() == "precious" for v in victims.values())
+    assert old_tmp.is_symlink()  # left alone, and not followed
+    assert final.is_file() and not final.is_symlink()  # the link itself was replaced
+    assert json.loads(final.read_text())["reason"] == "test"
+    assert final.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in flight_dir.iterdir()) == sorted([final.name, old_tmp.name])  # no temp left
+    flight.dump("again")  # over its own earlier file
+    assert json.loads(final.read_text())["reason"] == "again"
+
+
+def test_sigusr1_chains_to_the_earlier_handler_and_stopping_restores_it(flight_dir):
+    from mpidist.core import errors
+
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGUSR1, mine)
+    try:
+        flight.enable(5)
+        flight.enable(5)  # enabled twice: still one record per signal, and `mine` once
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1]
+        record = json.loads((flight_dir / f"mpidist-flight-rank{errors.WORLD_RANK}.json").read_text())
+        assert record["reason"] == "SIGUSR1"
+        flight.enable(0)
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_sigusr1_with_the_default_action_writes_the_record_and_does_not_end_the_process(flight_dir):
+    from mpidist.core import errors
+
+    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        flight.enable(5)
+        os.kill(os.getpid(), signal.SIGUSR1)  # SIG_DFL would terminate: the recorder does not pass it on
+        assert (flight_dir / f"mpidist-flight-rank{errors.WORLD_RANK}.json").is_file()
+        flight.enable(0)
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, before)
