@@ -13,10 +13,9 @@ table gives, over every waiting rank and round:
 The ways: ``MPI_Allreduce`` (MPI's own blocking wait), mpidist's ``all_reduce``, and with
 ``torch`` installed, the ``"mpidist"`` torch backend's blocking call, its overlapped call
 (``async_op=True`` on a group whose asynchronous calls all overlap, completed by the progress
-thread) and gloo's. Run it with ``MPIDIST_BELL=0`` too for the waits without the node's bell::
+thread) and gloo's::
 
     mpiexec -n 4 python benchmarks/late.py
-    MPIDIST_BELL=0 mpiexec -n 4 python benchmarks/late.py
 """
 
 from __future__ import annotations
@@ -110,17 +109,14 @@ def main() -> None:
                            "wake_p90_us": w[int(0.9 * (len(w) - 1))] * 1e6,
                            "cpu_share": statistics.median(c)}
     if rank == 0:
-        from mpidist.core import bell
-
-        print(f"\nOne rank 0.2-2 ms late, 8 B all_reduce, {size} ranks, {args.rounds} rounds; "
-              f"bell: {bell.state(size)}")
+        print(f"\nOne rank 0.2-2 ms late, 8 B all_reduce, {size} ranks, {args.rounds} rounds")
         print(f" {'way':<26} {'wake median':>12} {'wake p90':>10} {'cpu share':>10}")
         for name, row in table.items():
             print(f" {name:<26} {row['wake_median_us']:>9.0f} us {row['wake_p90_us']:>7.0f} us"
                   f" {row['cpu_share']:>10.2f}")
         if args.json:
             with open(args.json, "a") as f:
-                f.write(json.dumps({"ranks": size, "bell": bell.on(), "ways": table}) + "\n")
+                f.write(json.dumps({"ranks": size, "ways": table}) + "\n")
     dist.destroy_process_group()
 
 

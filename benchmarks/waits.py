@@ -12,10 +12,8 @@ The candidates: ``Wait`` (MPI blocks), ``Waitany`` over the call and a posted no
 (the design that would let a watchdog wake a blocked wait), a ``Test`` loop that never yields,
 ``Test`` + ``sched_yield``, the loop mpidist 0.1 waited in (32 tests a step, the first 100 µs
 without yielding), 4 and 16 tests back to back between yields (mpidist's wait: 4), a persistent
-request (``MPI_Allreduce_init`` once, then ``MPI_Start``, with the copy in and out that
-mpidist's small calls make), the C module's all_reduce alone (``_native.c``: the call and the
-wait's spin in C, no Python around it), and mpidist's ``all_reduce``, through the C module
-(its default) and through mpi4py (as with ``MPIDIST_NATIVE=0``). ``--busy N`` runs N threads of
+request (``MPI_Allreduce_init`` once, then ``MPI_Start``, with a copy in and out), and mpidist's
+``all_reduce`` (``MPI_Iallreduce`` and the bounded wait). ``--busy N`` runs N threads of
 matrix products per rank (numpy, which lets go of the GIL), as torch's threads do in training.
 """
 
@@ -35,11 +33,9 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from suite.timing import Loop, interleave, python_loop  # noqa: E402
+from suite.timing import interleave, python_loop  # noqa: E402
 
 import mpidist as dist  # noqa: E402
-from mpidist.calls import native  # noqa: E402
-from mpidist.core.buffers import AS_IS  # noqa: E402
 
 NOTICE_TAG = 77
 
@@ -96,15 +92,6 @@ def candidates(comm: MPI.Intracomm, nbytes: int
         tests_per_yield(4, started)()
         xd[...] = pbuf
 
-    d = AS_IS[xd.dtype]
-    op, handle = MPI._handleof(MPI.SUM), MPI._handleof(comm)
-    c_module = native.allreduce
-
-    def c_alone() -> None:  # the C module's call and spin; a pending request waits in MPI
-        pending = c_module(xd, d.handle, d.extent, op, handle)
-        if pending is not None:
-            MPI.Request.fromhandle(pending).Wait()
-
     def cleanup() -> None:
         posted.Cancel()
         posted.Wait()
@@ -121,22 +108,8 @@ def candidates(comm: MPI.Intracomm, nbytes: int
         "4 Tests+sched_yield": tests_per_yield(4, lambda: comm.Iallreduce(x, y)),
         "16 Tests+sched_yield": tests_per_yield(16, lambda: comm.Iallreduce(x, y)),
         "persistent Start+4 Tests": persistent_call,
-        **({"C module alone": c_alone} if c_module is not None else {}),
         "mpidist": lambda: dist.all_reduce(xd),
-        "mpidist via mpi4py": lambda: dist.all_reduce(xd),
     }, cleanup
-
-
-def through_mpi4py(loop: Loop) -> Loop:
-    """``loop`` with the C calls off while it runs (what ``MPIDIST_NATIVE=0`` gives)."""
-    def run(iters: int) -> float:
-        kept = native.allreduce, native.all_reduce
-        native.allreduce = native.all_reduce = None
-        try:
-            return loop(iters)
-        finally:
-            native.allreduce, native.all_reduce = kept
-    return run
 
 
 def busy(stop: threading.Event) -> None:
@@ -149,8 +122,6 @@ def measure(fns: dict[str, Callable[[], None]], comm: MPI.Intracomm, rounds: int
             skip: set[str]) -> dict[str, list[float]]:
     """Seconds per call (the slowest rank's), for each round: interleaved, the order rotating."""
     loops = {k: python_loop(fn, ()) for k, fn in fns.items() if k not in skip}
-    if "mpidist via mpi4py" in loops:
-        loops["mpidist via mpi4py"] = through_mpi4py(loops["mpidist via mpi4py"])
     return {k: v["samples"] for k, v in interleave(comm, loops, rounds, target).items()}
 
 

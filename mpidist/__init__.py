@@ -45,6 +45,7 @@ from .checks.debug import DebugLevel, get_debug_level, set_debug_level, set_debu
 from .checks.monitor import monitored_barrier
 from .core.faults import ProcessFailureError
 from .core.groups import (
+    ConcurrentCallError,
     GroupMember,
     ProcessGroup,
     get_global_rank,
@@ -98,7 +99,7 @@ _startup.disarm()  # MPI_Init has returned
 __all__ = [
     "DistInfo", "DistributedSampler", "average_gradients", "init_distributed_mode",
     "DebugLevel", "get_debug_level", "monitored_barrier", "set_debug_level", "set_debug_level_from_env",
-    "Backend", "Future", "GroupMember", "GroupTimeoutError", "ProcessFailureError",
+    "Backend", "ConcurrentCallError", "Future", "GroupMember", "GroupTimeoutError", "ProcessFailureError",
     "SHRINK_ABORT", "SHRINK_DEFAULT", "shrink_group", "P2POp", "ProcessGroup", "ReduceOp", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",

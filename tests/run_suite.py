@@ -40,8 +40,7 @@ from slurm import harness  # noqa: E402
 #: surviving a dead rank (ULFM, which only Open MPI offers here).
 OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_groups.py",
                   "core/test_groups_jobs.py", "calls/test_collectives*.py", "calls/test_reduce_ops.py",
-                  "calls/test_native.py", "calls/test_p2p.py", "calls/test_objects.py",
-                  "calls/test_nodereduce.py", "calls/test_crossed_paths.py",
+                  "calls/test_p2p.py", "calls/test_objects.py",
                   "checks/test_failure.py", "survive/test_survive_*.py", "survive/test_shrink.py",
                   "survive/test_startup_race.py")
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run

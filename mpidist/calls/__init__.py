@@ -4,10 +4,7 @@
 wait); :mod:`.collectives` holds the reductions, broadcast and barrier, :mod:`.exchange` the
 gathers, scatters and all-to-alls, :mod:`.p2p` point-to-point, :mod:`.objects` the object calls
 (pickled by :mod:`.pickles`), :mod:`.sparse` sparse all_reduce; :mod:`.ops` maps reduce ops, and
-:mod:`.lowprec` with :mod:`.words` (and the C kernel ``_words16.c``) reduces float16/bfloat16;
-:mod:`.persistent` keeps the persistent requests of small blocking calls (opt-in); :mod:`.native`
-binds the C calls (``_native.c``: a small blocking all_reduce's, broadcast's or barrier's MPI
-call and the first part of its wait, and the C side of the node's bell, :mod:`mpidist.core.bell`).
+:mod:`.lowprec` with :mod:`.words` (and the C kernel ``_words16.c``) reduces float16/bfloat16.
 
 Imports: :mod:`mpidist.core`, :mod:`mpidist.gpu` and :mod:`mpidist.checks`.
 """

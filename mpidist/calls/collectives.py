@@ -1,12 +1,10 @@
 """Reductions, broadcast and barrier: one function per torch.distributed call.
 
 Every function follows the same steps: resolve the group, convert and check the buffers,
-map the op, then call MPI through :func:`~mpidist.calls.path.issue` -- the blocking routine, or
-its nonblocking ``I*`` variant under ``async_op=True``, which returns a
-:class:`~mpidist.core.work.Work`. Under ``MPIDIST_PERSISTENT=1`` a small blocking all_reduce,
-broadcast or barrier starts a persistent request of its group instead
-(:mod:`mpidist.calls.persistent`). Results land in the caller's arrays. The gather and
-all-to-all families live in :mod:`mpidist.calls.exchange`.
+map the op, then call MPI through :func:`~mpidist.calls.path.issue`: the nonblocking ``I*``
+routine and the bounded wait, or under ``async_op=True`` a :class:`~mpidist.core.work.Work`.
+Results land in the caller's arrays. The gather and all-to-all families live in
+:mod:`mpidist.calls.exchange`.
 """
 
 from __future__ import annotations
@@ -17,17 +15,14 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..checks import debug, signature
 from ..checks.fingerprint import ARRAY, OP, ROOT, agree
-from ..core import registry as registry_
-from ..core import timeouts
-from ..core.buffers import AS_IS, DType, as_buffer, as_buffers
-from ..core.groups import ProcessGroup, group_rank_of, limited, registry, resolve
+from ..core.buffers import DType, as_buffer, as_buffers
+from ..core.groups import ProcessGroup, group_rank_of, limited, resolve
 from ..core.registry import define
-from ..core.timeouts import failure, wait
+from ..core.timeouts import wait
 from ..core.waiting import positive_seconds
 from ..core.work import Work
-from . import native, nodereduce, persistent, sparse
+from . import sparse
 from .ops import Plan, ReduceOp, divide, op_name, plan, premultiply
 from .path import Step, from_list, issue, output_and_input, overlap, size_error, then
 
@@ -53,113 +48,29 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across the group; every rank gets the result in place.
 
-    Becomes ``MPI_Allreduce(MPI_IN_PLACE, ...)`` (``MPI_Iallreduce`` when ``async_op``). A
-    blocking sum of 4 MiB or more on a group whose ranks share a node is made in a shared
-    ``/dev/shm`` segment between ``MPI_Ibarrier`` calls instead (:mod:`mpidist.calls.nodereduce`).
-    ``ReduceOp.AVG`` divides the sum by the group size; ``PREMUL_SUM`` scales first.
+    Becomes ``MPI_Iallreduce(MPI_IN_PLACE, ...)`` and the bounded wait (a ``Work`` under
+    ``async_op``); ``MPI_Allreduce`` on a group of one. MPI chooses the algorithm for every size
+    (docs/performance.md names its knobs). ``ReduceOp.AVG`` divides the sum by the group size;
+    ``PREMUL_SUM`` scales first; a sparse tensor is gathered and summed (:mod:`.sparse`).
 
     Example: ranks 0..3 each pass ``np.full(2, rank)``; with ``SUM`` every rank ends
     with ``[6, 6]``.
     """
-    pg = registry.world if group is None else group
-    quick = native.all_reduce
-    if quick is not None and not (async_op or debug.LEVEL or persistent.ON):
-        # the common case whole in C (calls/native.py): the checks below, the count and the
-        # signature, MPI_Iallreduce and the wait's spin; NotImplemented where it is not that case.
-        # (Where the Entry below serves the call, it got here only with a debug hook on.)
-        try:
-            pending = quick(tensor, op, pg, signature.ON)
-        except MPI.Exception as exc:
-            _failed(exc, pg, tensor)
-        if pending is None:
-            return None
-        if pending is not NotImplemented:
-            _waited(pending, pg, tensor)
-            return None
     call = all_reduce.call
-    # resolve() and plan() inlined for the common case
-    if type(pg) is not ProcessGroup or pg.comm is None:
-        pg = resolve(group, call)
-    # as_buffer's common case checked here: its call costs 0.15 us, which ranks that share cores
-    # pay several times over (docs/benchmarks.md); anything else it converts, or refuses
-    d = AS_IS.get(tensor.dtype) if type(tensor) is np.ndarray else None
-    flags = tensor.flags if d is not None else None
-    if flags is not None and flags.c_contiguous and flags.writeable:
-        arr, staging = tensor, None
-    else:
-        staging = []
-        try:
-            arr, d = as_buffer(tensor, call, "tensor", True, staging)
-        except TypeError:
-            if sparse.is_sparse(tensor):  # gathered and summed (mpidist/calls/sparse.py); off the fast path
-                return sparse.all_reduce(tensor, op, pg, async_op)
-            raise
-    small = pg.persistent
-    if small and type(op) is ReduceOp and not (async_op or debug.LEVEL or staging):
-        # a small call made before: its persistent request, signature and plan, found at once
-        entry = small.get((arr.shape, d.name, op.name))
-        if entry is not None and op.factor is None:
-            pg.seq += 1
-            if signature.ON:
-                signature.note(pg, entry[2])
-            persistent.all_reduce(pg, call, entry, arr, d)
-            return None
-    p = op.plans.get(d.kind) if type(op) is ReduceOp else None
-    if p is None:
-        p = plan(op, d, call)
-    sig = (call.name, arr.size, d.name, op.name if type(op) is ReduceOp else op_name(op, call))
-    if not (async_op or p.lowprec or debug.LEVEL or staging):
-        # the common case, issue() inlined: this call's overhead is measured in benchmarks/
-        pg.seq += 1
-        if signature.ON and pg._size > 1:
-            signature.note(pg, sig)
-        if p.factor is not None:
-            premultiply(arr, d, p.factor, out=arr)
-        if pg._size == 1:
-            pg.comm.Allreduce(IN_PLACE, [arr, d.mpi], p.op)
-        elif arr.nbytes >= nodereduce.MIN_BYTES and nodereduce.takes(arr, p.op) \
-                and nodereduce.all_reduce(arr, pg, call):
-            pass  # summed in the node's shared window (calls/nodereduce.py)
-        else:
-            entry = persistent.all_reduce_request(pg, arr, d, op, p, sig) if persistent.ON else None
-            if entry is not None:
-                persistent.all_reduce(pg, call, entry, arr, d)
-                return None
-            fast = native.allreduce
-            try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
-                # the C path: MPI_Iallreduce and the wait's spin in one call (calls/native.py)
-                pending = (NotImplemented if fast is None
-                           else fast(arr, d.handle, d.extent, p.handle, pg.handle, pg.bell, pg.seq))
-                if pending is not None:
-                    native.finish(pending, lambda: pg.comm.Iallreduce(IN_PLACE, [arr, d.mpi], p.op),
-                                  pg, call, arr)
-            except MPI.Exception as exc:
-                raise failure(pg, call, exc, arr) from None
-        if p.average:
-            divide(arr, d, pg._size)
-        return None
+    pg = resolve(group, call)
+    staging: list = []
+    try:
+        arr, d = as_buffer(tensor, call, "tensor", True, staging)
+    except TypeError:
+        if sparse.is_sparse(tensor):
+            return sparse.all_reduce(tensor, op, pg, async_op)
+        raise
+    p = plan(op, d, call)
+    sig = (call.name, arr.size, d.name, op_name(op, call))
     _premultiply(arr, d, p)
     comm = _reducer(p, pg, call)
     return issue(pg, call, async_op, comm.Allreduce, comm.Iallreduce, (IN_PLACE, [arr, d.mpi], p.op),
                  _average(p, arr, d, pg._size), tensor, staging, p.lowprec is not None, sig)
-
-
-def _waited(pending: int, group: ProcessGroup, tensor: Any) -> None:
-    """The rest of an all_reduce the C call left pending: the bounded wait (``group``: the name
-    the stall watch reads, :func:`mpidist.core.registry.part_of`)."""
-    timeouts.wait_pending(pending, group, all_reduce.call, tensor)
-
-
-def _failed(exc: MPI.Exception, group: ProcessGroup, tensor: Any) -> None:
-    """An all_reduce's MPI error, raised as mpidist's (:func:`~mpidist.core.timeouts.failure`)."""
-    raise failure(group, all_reduce.call, exc, tensor) from None
-
-
-registry_.part_of(all_reduce.call, _waited)
-# mpidist.all_reduce itself: its common case in C, from the arguments on (calls/native.py, ``entry``)
-all_reduce = native.entry(all_reduce, ((all_reduce.__globals__, "_hook", None),
-                                       (vars(debug), "LEVEL", 0), (vars(persistent), "ON", False)),
-                          (registry, "world"), (signature, "ON"), ReduceOp.SUM, _waited, _failed)
 
 
 def _premultiply(arr: np.ndarray, d: DType, p: Plan) -> None:
@@ -178,39 +89,13 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` from rank ``src`` (global) or ``group_src`` to every rank (``MPI_Bcast``)."""
     call = broadcast.call
-    pg = registry.world if group is None else group  # resolve() inlined for the common case
-    if type(pg) is not ProcessGroup or pg.comm is None:
-        pg = resolve(group, call)
-    root = pg._to_group.get(src) if group_src is None and type(src) is int else None
-    if root is None:
-        root = group_rank_of(pg, src, group_src, call, "src")
+    pg = resolve(group, call)
+    root = group_rank_of(pg, src, group_src, call, "src")
     staging: list = []
     arr, d = as_buffer(tensor, call, "tensor", pg._rank != root, staging)
     comm = pg.comm
-    sig = (call.name, arr.size, d.name, pg.ranks[root])
-    if not (async_op or debug.LEVEL or staging):  # the common case, issue() inlined
-        pg.seq += 1
-        buf = [arr, d.mpi]
-        if pg._size == 1:
-            comm.Bcast(buf, root)
-        else:
-            if signature.ON:
-                signature.note(pg, sig)
-            fast = native.bcast
-            try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
-                if not (persistent.ON and arr.nbytes <= persistent.SMALL
-                        and persistent.broadcast(pg, call, arr, d, root)):
-                    # the C path, as all_reduce's
-                    pending = (NotImplemented if fast is None
-                               else fast(arr, d.handle, d.extent, root, pg.handle, pg._rank != root, pg.bell,
-                                         pg.seq))
-                    if pending is not None:
-                        native.finish(pending, lambda: comm.Ibcast(buf, root), pg, call, buf)
-            except MPI.Exception as exc:
-                raise failure(pg, call, exc, buf) from None
-        return None
     return issue(pg, call, async_op, comm.Bcast, comm.Ibcast, ([arr, d.mpi], root), None, tensor, staging,
-                 sig=sig)
+                 sig=(call.name, arr.size, d.name, pg.ranks[root]))
 
 
 @define(fingerprint=agree(tensor=ARRAY, op=OP, dst=ROOT), gpu_direct=True, reducing=True,
@@ -316,18 +201,5 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         if async_op:
             return work
         work.wait()
-        return None
-    if not (async_op or debug.LEVEL):  # the common case, issue() inlined
-        pg.seq += 1
-        if pg._size == 1:
-            comm.Barrier()
-        else:
-            if signature.ON:
-                signature.note(pg, (call.name,))
-            try:  # a dead peer (ULFM) raises ProcessFailureError, as in the bounded wait
-                if not (persistent.ON and persistent.barrier(pg, call)):
-                    native.barrier_on(pg, call, None)  # the C path
-            except MPI.Exception as exc:
-                raise failure(pg, call, exc, None) from None
         return None
     return issue(pg, call, async_op, comm.Barrier, comm.Ibarrier, (), sig=(call.name,))

@@ -40,8 +40,8 @@ def _start(pg: ProcessGroup, sig: tuple | None = None) -> MPI.Intracomm:
 
 def _p2p(pg: ProcessGroup) -> MPI.Intracomm:
     """The group's communicator for a point-to-point part: no call number, since
-    ``ProcessGroup.seq`` counts collectives, which every member makes alike (the bell's tickets
-    and the timeout's notices go by it); debug mode's record of the call is settled."""
+    ``ProcessGroup.seq`` counts collectives, which every member makes alike (the timeout's
+    notices go by it); debug mode's record of the call is settled."""
     if debug.LEVEL:
         debug.check(pg, None)
     return pg.comm

@@ -93,7 +93,6 @@ class Plan(NamedTuple):
     average: bool  # divide by the group size after the SUM
     factor: Any  # multiply inputs by this before the SUM (PREMUL_SUM), else None
     lowprec: lowprec.Reduction | None = None  # fp16/bf16: the whole reduction, done by lowprec
-    handle: int = 0  # the op's MPI handle, for the C calls (mpidist.calls.native)
 
     def reducer(self, comm: MPI.Comm, wait: lowprec.Wait) -> Any:
         """What to call ``Allreduce``/``Reduce``/``Reduce_scatter_block`` (and ``I*``) on.
@@ -154,7 +153,7 @@ def _build(name: str, d: DType, call: str) -> Plan:
 
 
 def _plan(op: MPI.Op, average: bool, low: lowprec.Reduction | None = None) -> Plan:
-    return Plan(op, average, None, low, MPI._handleof(op))
+    return Plan(op, average, None, low)
 
 
 def plan(op: Any, d: DType, call: str) -> Plan:

@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from ..core import registry
 from ..core.groups import ProcessGroup
-from ..core.timeouts import allgather, failure, wait, wait_pending
+from ..core.timeouts import allgather, wait
 
 #: Whether the check is on (``MPIDIST_DEBUG=OFF`` turns it off; see :func:`enable`).
 ON: bool = True
@@ -52,10 +52,6 @@ ON: bool = True
 FIRST = 8
 #: After those, one call in this many is checked (with every call recorded since the last).
 EVERY = 32
-#: Where the C calls run, the check's own reduction takes them too: ``(allreduce, the int64
-#: datatype's handle, MPI_MAX's handle)``, set by :mod:`mpidist.calls.native` (which this
-#: module sits below); ``None``: through mpi4py.
-IN_C: tuple[Any, int, int] | None = None
 
 
 class Record:
@@ -173,17 +169,7 @@ def agreed(pg: ProcessGroup, call: Any, h: int) -> bool:
     """Do all ranks of ``pg`` hold the same ``h``? (``MPI_Iallreduce``, ``MAX`` of ``h`` and ``-h``,
     within the group's timeout; every rank gets the same answer.)"""
     both = np.array([h, -h], np.int64)
-    fast = IN_C
-    if fast is None:
-        wait((pg.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX),), pg, call, both)
-    else:
-        allreduce, int64, maximum = fast
-        try:
-            pending = allreduce(both, int64, 8, maximum, pg.handle, pg.bell, pg.seq)
-            if pending is not None:
-                wait_pending(pending, pg, call, both)
-        except MPI.Exception as exc:
-            raise failure(pg, call, exc, both) from None
+    wait((pg.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX),), pg, call, both)
     return bool(both[0] == -both[1])
 
 

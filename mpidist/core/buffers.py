@@ -27,20 +27,17 @@ class DType(NamedTuple):
     ``name`` is the user-facing name (``"bfloat16"``), ``mpi`` the datatype MPI moves,
     ``kind`` the reduction family (``b`` bool, ``i`` signed, ``u`` unsigned, ``f`` float,
     ``c`` complex, ``f16`` float16, ``bf16`` bfloat16) and ``raw`` the numpy dtype of
-    the array that :func:`as_buffer` hands to MPI; ``handle`` and ``extent`` are ``mpi``'s MPI
-    handle and extent in bytes, for the C calls (:mod:`mpidist.calls.native`).
+    the array that :func:`as_buffer` hands to MPI.
     """
 
     name: str
     mpi: MPI.Datatype
     kind: str
     raw: np.dtype
-    handle: int = 0
-    extent: int = 0
 
 
 def _dtype(np_name: str, mpi: MPI.Datatype, kind: str, raw: str | None = None) -> DType:
-    return DType(np_name, mpi, kind, np.dtype(raw or np_name), MPI._handleof(mpi), mpi.Get_extent()[1])
+    return DType(np_name, mpi, kind, np.dtype(raw or np_name))
 
 
 # numpy dtype -> DType. float16 moves as raw 16-bit words: MPI's own float16 types

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import threading
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator, Sequence
 
 from mpi4py import MPI
 
-from . import bell, errors
+from . import errors
 
 
 class ProcessGroup:
@@ -29,8 +30,7 @@ class ProcessGroup:
     """
 
     __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
-                 "timeout", "seq", "broken", "_abandoned", "signatures", "persistent", "handle",
-                 "bell", "__weakref__")
+                 "timeout", "seq", "broken", "_abandoned", "signatures", "lock", "holder", "__weakref__")
 
     def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
                  timeout: timedelta | None) -> None:
@@ -46,13 +46,9 @@ class ProcessGroup:
         self.broken: str | None = None
         self._abandoned: list[Any] = []  # requests and buffers of calls given up on
         self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
-        #: key -> (persistent request, its buffer, ...) of the small blocking calls
-        #: (:mod:`mpidist.calls.persistent`); ``False`` where MPI has no persistent collectives
-        self.persistent: dict | bool | None = None
-        #: ``comm``'s MPI handle, for the C calls (:mod:`mpidist.calls.native`)
-        self.handle: int = MPI._handleof(comm)
-        #: a bit per member's local rank where all run on this node, else 0 (:mod:`mpidist.core.bell`)
-        self.bell: int = bell.mask(self.ranks)
+        #: held by the thread in a call on the group (:func:`busy`); ``holder``: that call and thread
+        self.lock = threading.RLock()
+        self.holder: tuple[Any, int] | None = None
 
     def rank(self) -> int:
         """This process's rank in the group."""
@@ -113,10 +109,31 @@ class _Registry:
     was_destroyed = False
     generation = 0  # how many times the world was made (the same count on every rank)
     hosts: list[str] = []  # host name of each global rank, gathered at init
+    local_rank = -1  # this rank among the world's ranks on its node (MPI_COMM_TYPE_SHARED), from init
     made = 0  # groups whose making this rank took part in since init, the world included (get_pg_count)
 
 
 registry = _Registry()
+
+
+class ConcurrentCallError(RuntimeError):
+    """A thread entered a call on a group while another thread of this process was in a call on it.
+
+    MPI matches a communicator's collectives by the order each rank makes them; two threads that
+    share a group make them in an order no rank controls, so mpidist lets one thread at a time use
+    a group. Give each thread its own group (``new_group`` over the same ranks).
+    """
+
+
+def busy(pg: ProcessGroup, call: Any) -> None:
+    """Raise :class:`ConcurrentCallError` for ``call`` on ``pg``, which another thread holds."""
+    held, ident = pg.holder or ("a call", 0)
+    other = {t.ident: t.name for t in threading.enumerate()}.get(ident, f"thread {ident}")
+    raise ConcurrentCallError(errors.message(
+        str(call), f"group {pg.group_name!r} is in {held} on thread {other!r}, and thread "
+        f"{threading.current_thread().name!r} entered {call} on it: a group serves one thread at a "
+        "time, since MPI matches its collectives by the order each rank makes them; give each thread "
+        "its own group (new_group over the same ranks)"))
 
 
 def _not_initialized(call: str) -> RuntimeError:
@@ -229,30 +246,27 @@ def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
     registry.generation += 1
     comm = MPI.COMM_WORLD.Dup()
     registry.hosts = comm.allgather(MPI.Get_processor_name())
-    bell.open_for(comm)
+    learn_local_rank(comm)
     return _new(comm, range(comm.Get_size()), name or "default_pg", "default_pg", timeout)
+
+
+def learn_local_rank(comm: MPI.Intracomm) -> None:
+    """Keep this rank's rank among ``comm``'s ranks on its node (``MPI_Comm_split_type`` with
+    ``MPI_COMM_TYPE_SHARED``): what ``get_node_local_rank`` answers once the world is made."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    registry.local_rank = node.Get_rank()
+    node.Free()
 
 
 def free(pg: ProcessGroup) -> None:
     """Release the communicator of ``pg``; the group object stays, marked destroyed."""
     comm, pg.comm = pg.comm, None
     registry.live.pop(id(pg), None)
-    if comm is None or MPI.Is_finalized():
-        pg.persistent = None
-    else:
+    if comm is not None and not MPI.Is_finalized():
         try:
-            free_persistent(pg)  # MPI wants them freed before their communicator
             comm.Free()
         except MPI.Exception:
             pass  # revoked under ULFM: the group is gone either way
-
-
-def free_persistent(pg: ProcessGroup, then: bool | None = None) -> None:
-    """Free the persistent requests of ``pg``'s small calls (:mod:`mpidist.calls.persistent`),
-    inactive between calls, and leave ``then`` in their place (``False``: never make more)."""
-    requests, pg.persistent = pg.persistent, then
-    for entry in (requests or {}).values():
-        entry[0].Free()
 
 
 def break_group(pg: ProcessGroup, abandoned: Any, reason: str | None = None) -> None:

@@ -7,9 +7,7 @@ then listens for a short grace period (:class:`Exchange`). In a group of up to
 larger one it goes to the ``ceil(log2 n)`` ranks ``r + 1, r + 2, r + 4, ...`` (mod n) of the group
 (:func:`neighbours`) and carries what its sender has heard of other ranks; each rank passes on,
 to the same neighbours, what it learns that it did not know, and the ranks still unheard of
-half-way through the grace period are asked directly. A rank that finds the group's ranks took
-different paths to one call tells every peer at once (:func:`tell_all`), so that one whose MPI
-call completed all the same raises at its next wait instead of at the group's timeout.
+half-way through the grace period are asked directly.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from . import groups
 from .groups import ProcessGroup
 from .tags import NOTICE
 
-#: What a notice says of its sender: it gave up, it answers one that did, or it found that the
-#: group's ranks took different paths to a call (:func:`tell_all`).
-GAVE_UP, WAITING, CROSSED = 1, 2, 3
+#: What a notice says of its sender: it gave up, or it answers one that did.
+GAVE_UP, WAITING = 1, 2
 NOTICE_LEN = 5  # sequence number, call id, state, seconds waited (milliseconds), group token
 #: A notice message: the group token and its kind (news, or an ask for the receiver's notice),
 #: then one entry per rank it tells of (group rank, then the first four fields of the notice).
@@ -171,15 +168,3 @@ class Exchange:
         over = done or now >= self.until
         self.tell(now=over)  # a rank that stops listening passes on all it knows first
         return over
-
-
-def tell_all(pg: ProcessGroup, notice: np.ndarray) -> np.ndarray:
-    """Send ``notice`` (as a give-up's own) straight to every peer of ``pg``, once; the sends are
-    left to MPI. Returns the message, which must stay alive with the group's abandoned calls."""
-    msg = np.empty(_HEAD + _ENTRY, np.int64)
-    msg[:_HEAD] = notice[4], _NEWS
-    msg[_HEAD:] = pg._rank, *notice[:4]
-    for r in range(pg._size):
-        if r != pg._rank:
-            pg.comm.Isend([msg, MPI.INT64_T], r, NOTICE).Free()
-    return msg

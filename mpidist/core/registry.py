@@ -19,6 +19,7 @@ and it prints as the name in every error message.
 from __future__ import annotations
 
 import inspect
+import threading
 import warnings
 from types import CodeType, FrameType
 from typing import Any, Callable
@@ -127,8 +128,10 @@ def absent(call: Call) -> Any:
 def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
     """A function with ``body``'s exact signature that checks the hook, then runs ``body``; where
     the call names a group, a group this rank is not in makes it return (:func:`absent`), as
-    torch's calls do. A call that is not hooked (point to point, which pays
-    for every frame) makes that check itself: ``if group is NON_GROUP_MEMBER: return absent(call)``.
+    torch's calls do, and the call holds the group's thread lock while it runs
+    (:func:`mpidist.core.groups.busy`: a second thread that enters a call on it raises). A call
+    that is not hooked (point to point, which pays for every frame) makes the member check
+    itself: ``if group is NON_GROUP_MEMBER: return absent(call)``.
 
     Generated rather than written with ``*args, **kwargs``: keyword and positional calls keep
     torch's signature, and the common case pays one plain call.
@@ -143,10 +146,19 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
             defaults[f"_d_{p.name}"] = p.default
             params.append(f"{p.name}=_d_{p.name}")
         names.append(p.name)
-    from .errors import NotAMemberError  # MPI is up by the time calls are declared
+    from . import groups  # MPI is up by the time calls are declared
+    from .errors import NotAMemberError
 
     args = ", ".join(names)
     lines = [f"def {body.__name__}({', '.join(params)}):"]
+    guarded = call.group_arg in names
+    if guarded:  # one thread at a time on a group; the lock is re-entrant for calls made of calls
+        lines += [f"  _g = _groups.world if {call.group_arg} is None else {call.group_arg}",
+                  "  _lock = getattr(_g, 'lock', None)",
+                  "  if _lock is not None:",
+                  "    if not _lock.acquire(False):",
+                  "      _busy(_g, _call)",
+                  "    _g.holder = (_call, _ident())"]
     if call.group_arg:  # torch's rule for a group this rank is not in: warn and return
         lines.append("  try:")
     lines += ["    if _hook is not None:",
@@ -154,9 +166,12 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
     lines.append(f"    return _body({args})")
     if call.group_arg:
         lines += ["  except _NotMember:", "    return _absent(_call)"]
+    if guarded:
+        lines += ["  finally:", "    if _lock is not None:", "      _lock.release()"]
     src = "\n".join(lines) + "\n"
     scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, "_NotMember": NotAMemberError,
-                             "_absent": absent, **defaults}
+                             "_absent": absent, "_groups": groups.registry, "_busy": groups.busy,
+                             "_ident": threading.get_ident, **defaults}
     _SCOPES.append(scope)
     exec(compile(src, f"<mpidist.core.registry {body.__name__}>", "exec"), scope)  # noqa: S102
     fn = scope[body.__name__]

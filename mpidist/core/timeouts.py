@@ -1,8 +1,7 @@
 """Group timeouts that raise: the bounded wait every call ends in, and the broken group.
 
 MPI has no timeouts, and a blocking MPI routine cannot be interrupted. So a call on a
-group of more than one rank starts the nonblocking ``I*`` routine (or a persistent request,
-:mod:`mpidist.calls.persistent`) and waits here:
+group of more than one rank starts the nonblocking ``I*`` routine and waits here:
 :func:`wait` tests the requests once (the common case ends there) and otherwise polls them,
 backing off, until they complete or the group's ``timeout`` passes.
 
@@ -32,7 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import bell, errors, faults, groups, notices, registry, waiting
+from . import errors, faults, groups, notices, waiting
 from .groups import ProcessGroup
 from .reports import call_id, report
 from .tags import NOTICE
@@ -47,14 +46,6 @@ QUICK_TESTS = 32
 #: Called with the report each time a wait gives up, by owner (the flight recorder writes its ring
 #: there); checks register themselves, so that this module needs nothing above the core.
 GIVE_UP_LISTENERS: dict[str, Callable[[str], Any]] = {}
-#: ``(pg, call, seq, keep, told) -> exception or None``, asked now and then by a wait for call
-#: ``seq`` of a group on one node: whether its ranks took different paths to it; ``told``: a peer's
-#: notice said so, for call ``seq`` (mpidist.calls.nodereduce).
-CROSSING: Callable[[ProcessGroup, Any, int, Any, bool], BaseException | None] | None = None
-#: A wait asks :data:`CROSSING` once it has lasted this long: a rank in its call's first step (the
-#: cross-rank check) may wait there a moment while a faster peer already sums through the segment.
-CROSS_AFTER = 0.25
-
 
 class GroupTimeoutError(RuntimeError):
     """A call on a group did not complete within the group's timeout (the group is now broken)."""
@@ -67,19 +58,16 @@ def grace(limit: float | None) -> float:
 
 def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = None,
          statuses: list[MPI.Status] | None = None, timeout: float | None = None,
-         seq: int | None = None, limit: float | None = None) -> None:
+         limit: float | None = None) -> None:
     """Complete ``reqs`` of ``call`` on ``pg`` within the group's timeout (or ``limit``, this
     call's own in its place: ``barrier(timeout=)``).
 
     Raises :class:`GroupTimeoutError` on every waiting rank past the deadline, or once a peer
     has given up on the group; ``keep`` (the buffers of the abandoned requests) stays
     referenced by the broken group. An explicit ``timeout`` (``Work.wait(timeout)``) is this
-    rank's own: past it a ``RuntimeError`` says so and the requests stay pending. ``seq``: the
-    call's number on the group (default: the last one started), for the bell's ticket.
+    rank's own: past it a ``RuntimeError`` says so and the requests stay pending.
     """
     test = waiting.tester(reqs, statuses)
-    mask = pg.bell  # the group's members all on this node: the wait spins only while all wait
-    ticket = arrive(pg, call, seq) if mask else 0
     try:
         for _ in range(QUICK_TESTS // TESTS_PER_YIELD):
             for _ in range(TESTS_PER_YIELD):
@@ -89,46 +77,17 @@ def wait(reqs: Sequence[MPI.Request], pg: ProcessGroup, call: Any, keep: Any = N
         # then the spin on the bare test: a peer's notice is looked for only once it has passed
         # (within milliseconds, where the timeout is seconds), since the look costs more than a
         # test and ranks that share cores pay for every instruction between two of them
-        # (docs/benchmarks.md, "Where ranks share cores")
         if timeout is not None:
             limit = timeout
         elif limit is None:
             limit = seconds(pg.timeout)
         start = time.monotonic()
-        nbytes = nbytes_of(keep)
-        end = start + spin_for(nbytes)
-        end = end if limit is None else min(end, start + limit)
-        if mask:
-            bell.enter(ticket)
-        try:
-            if spin_on(test, end, mask, bell.alone_for(nbytes), ticket):
-                return
-            until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, bool(mask), ticket, limit,
-                  pg.seq if seq is None else seq)
-        finally:
-            if mask:
-                bell.leave()
+        end = start + spin_for(nbytes_of(keep))
+        if spin_on(test, end if limit is None else min(end, start + limit)):
+            return
+        until(test, pg, call, (reqs, keep), timeout, statuses, 0.0, start, limit)
     except MPI.Exception as exc:
         raise failure(pg, call, exc, (reqs, keep), statuses) from None
-
-
-def wait_for(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = None) -> None:
-    """As :func:`wait`, for a condition that is no MPI request (peers' marks in shared memory):
-    ``ready()`` is tested, spun on and slept on as a request is, within the group's timeout."""
-    if ready():
-        return
-    mask = pg.bell
-    ticket = arrive(pg, call) if mask else 0
-    start = time.monotonic()
-    if mask:
-        bell.enter(ticket)
-    try:
-        nbytes = nbytes_of(keep)
-        if not spin_on(ready, start + spin_for(nbytes), mask, bell.alone_for(nbytes), ticket):
-            until(ready, pg, call, keep, None, None, 0.0, start, bool(mask), ticket, None, pg.seq)
-    finally:
-        if mask:
-            bell.leave()
 
 
 def allgather(pg: ProcessGroup, call: Any, obj: Any) -> list[Any]:
@@ -155,30 +114,6 @@ def _plain(obj: Any) -> Any:
     return obj if obj is None or isinstance(obj, (bool, int, float, str, bytes)) else repr(obj)
 
 
-def wait_pending(handle: int, pg: ProcessGroup, call: Any, keep: Any) -> None:
-    """Go on with :func:`wait` for the request ``handle`` that a C call
-    (:mod:`mpidist.calls.native`) left pending after its quick tests and its spin, which are
-    :func:`wait`'s own (it counted itself in the group's bell, if any, as a wait): the bounded
-    wait's polling loop, from where the spin ended."""
-    req = MPI.Request.fromhandle(handle)
-    try:
-        until(req.Test, pg, call, ((req,), keep), None, None, 0.0,
-              time.monotonic() - spin_for(nbytes_of(keep)), bool(pg.bell),
-              bell.ticket(pg.bell, pg.seq) if pg.bell else 0, None, pg.seq)
-    finally:
-        if pg.bell:
-            bell.leave()
-
-
-def arrive(pg: ProcessGroup, call: Any, seq: int | None = None) -> int:
-    """The bell's ticket of ``call`` on ``pg`` (number ``seq``, default the last started),
-    published as this rank's (:func:`mpidist.core.bell.arrive`); 0 for a call that is not a
-    collective of the group (point to point), whose waits go by whom they have seen."""
-    if not registry.collective(call):
-        return 0
-    return bell.arrive(pg.bell, pg.seq if seq is None else seq)
-
-
 def failure(pg: ProcessGroup, call: Any, exc: MPI.Exception, keep: Any,
             statuses: Sequence[MPI.Status] | None = None) -> BaseException:
     """What to raise for an MPI error in ``call`` on ``pg``: :class:`~mpidist.core.faults.ProcessFailureError`
@@ -192,16 +127,13 @@ def failure(pg: ProcessGroup, call: Any, exc: MPI.Exception, keep: Any,
 
 def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = None,
           timeout: float | None = None, statuses: list[MPI.Status] | None = None,
-          spin: float = SPIN, start: float | None = None, counted: bool = False, ticket: int = 0,
-          limit: float | None = None, seq: int = 0) -> None:
+          spin: float = SPIN, start: float | None = None, limit: float | None = None) -> None:
     """Poll ``ready()`` until it is true, bounded as :func:`wait` (which it serves).
 
     Also for what is not a request: a receive that must first probe for its message's size.
     An MPI error ``ready()`` raises becomes mpidist's (:func:`failure`). ``start``: when the
-    wait began (the deadline counts from there), if before this call. ``counted``: the caller
-    counted the wait in the group's bell (:mod:`mpidist.core.bell`), so it sleeps there, for the
-    call of ``ticket`` (:func:`arrive`). ``limit``: the group's timeout for this call, if not the group's.
-    ``seq``: the call's number on the group, where a counted wait asks :data:`CROSSING` about it.
+    wait began (the deadline counts from there), if before this call. ``limit``: the group's
+    timeout for this call, if not the group's.
     """
     if timeout is not None:
         limit = timeout
@@ -212,21 +144,13 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     comm = pg.comm
     heard: dict[int, np.ndarray] = {}
     asked: set[int] = set()
-    nbytes = nbytes_of(keep)
-    backoff = Backoff(longest=longest_for(nbytes), spin=spin, bell_mask=pg.bell if counted else 0,
-                      respin=spin_for(nbytes), gone=bell.alone_for(nbytes), ticket=ticket)
-
+    backoff = Backoff(longest=longest_for(nbytes_of(keep)), spin=spin)
     tests = [0]
-    crossing = CROSSING if counted and seq and registry.collective(call) else None
 
     def finished() -> bool:
         if ready():
             return True
         tests[0] += 1
-        if tests[0] % 64 == 1 and crossing is not None and time.monotonic() - start >= CROSS_AFTER:
-            error = crossing(pg, call, seq, keep, False)
-            if error is not None:
-                raise error
         if tests[0] % 64 == 1 and comm.Iprobe(MPI.ANY_SOURCE, NOTICE):  # a peer gave up?
             notices.take(comm, heard, notices.group_token(pg), asked)
             return bool(heard)
@@ -243,20 +167,15 @@ def until(ready: Callable[[], bool], pg: ProcessGroup, call: Any, keep: Any = No
     _give_up(pg, call, keep, limit, time.monotonic() - start, heard, asked)
 
 
-def expired(pg: ProcessGroup, call: Any, keep: Any, start: float, seq: int = 0) -> BaseException | None:
+def expired(pg: ProcessGroup, call: Any, keep: Any, start: float) -> BaseException | None:
     """For work that a thread of its own polls (the torch backend's): ``None`` while ``pg``'s
     timeout has not passed since ``start`` and no peer gave up on it; else the error to hand on,
-    after giving up as :func:`wait` does (the peers told, the group broken), or the one
-    :data:`CROSSING` gives for the call numbered ``seq``."""
+    after giving up as :func:`wait` does (the peers told, the group broken)."""
     if pg.broken is not None:
         return faults.broken(pg, call) or GroupTimeoutError(
             errors.message(call, f"process group {pg.group_name!r} is broken: {pg.broken}"))
     heard: dict[int, np.ndarray] = {}
     asked: set[int] = set()
-    if CROSSING and seq and pg.bell and time.monotonic() - start >= CROSS_AFTER and registry.collective(call):
-        crossed = CROSSING(pg, call, seq, keep, False)
-        if crossed is not None:
-            return crossed
     try:
         if pg.comm.Iprobe(MPI.ANY_SOURCE, NOTICE):
             notices.take(pg.comm, heard, notices.group_token(pg), asked)
@@ -275,9 +194,6 @@ def expired(pg: ProcessGroup, call: Any, keep: Any, start: float, seq: int = 0) 
 
 def _give_up(pg: ProcessGroup, call: Any, keep: Any, limit: float | None, waited: float,
              heard: dict[int, np.ndarray], asked: set[int]) -> None:
-    told = [int(n[0]) for n in heard.values() if n[2] == notices.CROSSED]
-    if told and CROSSING is not None:  # a peer found the ranks took different paths to that call
-        raise CROSSING(pg, call, told[0], keep, True)
     first = dict(heard)  # notices that arrived before this rank's own deadline
     notice = np.array([pg.seq, call_id(call), notices.GAVE_UP, int(waited * 1000), notices.group_token(pg)],
                       np.int64)

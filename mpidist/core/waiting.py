@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
 
-from . import bell, errors
+from . import errors
 
 #: The first and the longest pause of a :class:`Backoff`, in seconds.
 FIRST_PAUSE = 20e-6
@@ -99,34 +99,23 @@ class Backoff:
 
     ``spin``: seconds that :func:`poll` first tests back to back, yielding the core
     (``sched_yield``, which returns at once where no other thread waits for it) instead of sleeping.
-    ``bell``: the group's bell mask (:mod:`mpidist.core.bell`; 0: none): the spin (``respin``
-    seconds) runs while :func:`mpidist.core.bell.look` says so for the call of ``ticket`` (with
-    ``gone``: :func:`mpidist.core.bell.alone_for` the call's bytes; default
-    :data:`mpidist.core.bell.alone`), the pauses are spent asleep on the bell, and a ring ends the
-    pause and starts the spin again. While a member has not reached the call, the pauses grow to
-    :data:`LONGEST_PAUSE` whatever ``longest`` is: its arrival rings.
     """
 
-    __slots__ = ("first", "longest", "pause", "spin_until", "bell", "respin", "gone", "ticket", "state")
+    __slots__ = ("first", "longest", "pause", "spin_until")
 
     def __init__(self, first: float = FIRST_PAUSE, longest: float = LONGEST_PAUSE,
-                 spin: float = 0.0, bell_mask: int = 0, respin: float = 0.0,
-                 gone: float | None = None, ticket: int = 0) -> None:
+                 spin: float = 0.0) -> None:
         self.first = first
         self.longest = longest
         self.pause = first
         self.spin_until = time.monotonic() + spin if spin else 0.0
-        self.bell = bell_mask
-        self.respin = respin
-        self.gone = bell.alone if gone is None else gone
-        self.ticket = ticket
-        self.state = None
-        if bell_mask:  # the spin runs only while every member waits: give it its window now
-            self.spin_until = max(self.spin_until, time.monotonic() + respin)
-            self.state = bell.watch()
 
     def reset(self) -> None:
         self.pause = self.first
+
+    def grow(self) -> None:
+        """The next pause: twice this one, up to ``longest`` (for a loop that sleeps its own way)."""
+        self.pause = min(self.pause * 2, self.longest)
 
     def sleep(self, deadline: float | None = None) -> bool:
         """Sleep the next pause (never past ``deadline``); ``False`` once the deadline has passed."""
@@ -137,64 +126,24 @@ class Backoff:
             time.sleep(min(self.pause, deadline - now))
         else:
             time.sleep(self.pause)
-        self.pause = min(self.pause * 2, self.longest)
-        return True
-
-    def nap(self, done: Callable[[], bool], deadline: float | None) -> bool | None:
-        """The next pause asleep on the bell: ``None`` once ``done()``, ``False`` once the deadline
-        has passed, ``True`` otherwise. A ring starts the spin again (``respin`` seconds); the
-        spin runs while :func:`mpidist.core.bell.look` says so, and a wait whose spin is spent
-        sleeps."""
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        end = self.spin_until if deadline is None else min(self.spin_until, deadline)
-        # a member that has not reached the call rings when it does: no need to wake up early
-        longest = (LONGEST_PAUSE if bell.look(self.state, self.bell, self.ticket, self.gone) & bell.LATE
-                   else self.longest)
-        pause = min(self.pause, longest)
-        seen = bell.nap(done, pause if deadline is None else min(pause, deadline - now),
-                        self.bell, now < end, self.state, self.ticket, self.gone)
-        if seen is None:
-            return None
-        if seen == bell.SLEPT:
-            self.pause = min(pause * 2, longest)
-            return True
-        if seen == bell.RANG:  # a member arrived: the others may follow within a time slice
-            self.pause = self.first
-            self.spin_until = time.monotonic() + self.respin
-            end = self.spin_until if deadline is None else min(self.spin_until, deadline)
-            self.state = bell.watch()
-        if spin_on(done, end, self.bell, self.gone, self.ticket, self.state):
-            return None
+        self.grow()
         return True
 
 
 #: Threads now waiting in :func:`poll` under a deadline: the stall watch leaves them alone.
 bounded_waits: set[int] = set()
-#: Tests back to back between two yields of the core while a wait spins. One test per yield
+#: Tests back to back between two yields of the core while a wait spins: one test per yield
 #: hands the core on before a peer that shares it has anything to answer, and every yield is a
-#: system call and often a context switch: 8 B all_reduce on 2 cores, ratio to the blocking
-#: ``MPI_Allreduce`` in the same job, 1 test per yield against 4: 1.83x against 1.07x at
-#: 4 ranks, 1.90x against 1.42x at 16; 16 or more tests per yield are slower again (on a
-#: persistent request, 1.51x at 16 ranks, against 1.20x for 4), and 3-6 are alike
-#: (docs/benchmarks.md, "Where ranks share cores").
+#: system call (docs/benchmarks.md, "Where ranks share cores").
 TESTS_PER_YIELD = 4
 #: Yields between two looks at the clock while :func:`poll` spins.
 CLOCK_EVERY = 4
 
 
-def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, gone: float = 0.0,
-            ticket: int = 0, state: bytearray | None = None) -> bool:
+def spin_on(done: Callable[[], bool], end: float) -> bool:
     """Test ``done()``, yielding the core after every :data:`TESTS_PER_YIELD` tests, until it is
-    true or ``end`` passes; with a bell mask (:mod:`.bell`) only until :func:`.bell.look` says
-    to stop, for the group's call of ``ticket`` (with ``gone``), which tells a member that has
-    not reached the call (it rings when it does) from one that did its part and went on:
-    ``state`` is what the wait has seen of its group so far (default: a fresh record)."""
+    true (``True``) or ``end`` passes (``False``)."""
     yield_ = os.sched_yield
-    look = bell.look
-    if bell_mask and state is None:
-        state = bell.watch()
     while True:
         for _ in range(CLOCK_EVERY):
             for _ in range(TESTS_PER_YIELD):
@@ -203,15 +152,12 @@ def spin_on(done: Callable[[], bool], end: float, bell_mask: int = 0, gone: floa
             yield_()
         if time.monotonic() >= end:
             return False
-        if bell_mask and look(state, bell_mask, ticket, gone) & bell.STOP:
-            return False
 
 
 def poll(done: Callable[[], bool], deadline: float | None,
          backoff: Backoff | None = None) -> bool:
     """Call ``done()`` until it is true (``True``) or ``deadline`` passes (``False``): first
-    yielding between tests for the backoff's ``spin``, then sleeping its pauses (on the bell,
-    where the backoff has one)."""
+    yielding between tests for the backoff's ``spin``, then sleeping its pauses."""
     if done():
         return True
     b = backoff or Backoff()
@@ -219,16 +165,9 @@ def poll(done: Callable[[], bool], deadline: float | None,
     if deadline is not None:
         bounded_waits.add(me)
     try:
-        if b.spin_until and not b.bell:
+        if b.spin_until:
             if spin_on(done, b.spin_until if deadline is None else min(b.spin_until, deadline)):
                 return True
-        if b.bell:  # the spin, where every member is in a wait, comes from nap()
-            while True:
-                state = b.nap(done, deadline)
-                if state is None:
-                    return True
-                if not state:
-                    return done()
         while not done():
             if not b.sleep(deadline):
                 return done()

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from mpi4py import MPI
 
-from . import bell, errors, registry, timeouts
+from . import errors, timeouts
 from .groups import ProcessGroup
 from .registry import define
 from .waiting import nbytes_of, seconds, tester
@@ -31,7 +31,7 @@ class Work:
     """
 
     __slots__ = ("_reqs", "_post", "_output", "_call", "_pg", "_done", "_exc",
-                 "_statuses", "_keep", "_test", "_seq", "limit")
+                 "_statuses", "_keep", "_test", "limit")
 
     def __init__(self, reqs: Sequence[MPI.Request], call: Any, post: Callable[[], None] | None,
                  output: Any, pg: ProcessGroup, keep: Any = None,
@@ -46,7 +46,6 @@ class Work:
         self._statuses = statuses
         self._keep = keep  # buffers MPI is still reading or writing
         self._test = tester(self._reqs, statuses)
-        self._seq = pg.seq if pg is not None else 0  # the call's number on its group
         #: The group's timeout for this work (``barrier(timeout=)``); ``None``: the group's own.
         self.limit: float | None = None
 
@@ -67,21 +66,7 @@ class Work:
         """The error to hand on once this work's group timeout has passed since ``start``
         (or a peer gave up); see :func:`mpidist.core.timeouts.expired`. For the torch backend,
         whose works a progress thread completes."""
-        return timeouts.expired(self._pg, self._call, keep, start, self._seq)
-
-    @property
-    def bell(self) -> int:
-        """Its group's bell mask (:mod:`mpidist.core.bell`; 0: none)."""
-        return self._pg.bell if self._pg is not None else 0
-
-    @property
-    def ticket(self) -> int:
-        """Its call's ticket on the bell (:func:`mpidist.core.bell.ticket`; 0: no bell, or a
-        point-to-point call)."""
-        pg = self._pg
-        if pg is None or not pg.bell or not registry.collective(self._call):
-            return 0
-        return bell.ticket(pg.bell, self._seq)
+        return timeouts.expired(self._pg, self._call, keep, start)
 
     @property
     def nbytes(self) -> int:
@@ -114,7 +99,7 @@ class Work:
         if not self._done:
             try:
                 timeouts.wait(self._reqs, self._pg, self._call, self._keep, self._statuses,
-                              seconds(timeout) if timeout is not None else None, self._seq, self.limit)
+                              seconds(timeout) if timeout is not None else None, self.limit)
             except timeouts.GroupTimeoutError as exc:
                 self._exc = exc
                 raise

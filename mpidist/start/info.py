@@ -20,8 +20,7 @@ from mpi4py import MPI
 
 from .. import gpu
 from .._version import __version__
-from ..calls import native, nodereduce
-from ..core import bell, faults
+from ..core import faults
 from . import heap, launcher, mpi_library
 
 #: Variables that choose the network MPI uses between nodes (reported when set).
@@ -84,10 +83,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "thread_level_requested": str(mpi4py.rc.thread_level),
         "cuda_aware": cuda_aware(),
         "gpu_path": _gpu_path(),
-        "c_calls": native.state(),
-        "bell": bell.state(local_size),
         "heap": heap.describe(),
-        "node_reduce": nodereduce.describe(),
         "launcher": launcher.detect_launcher(size),
         "network_env": {v: os.environ[v] for v in NETWORK_VARS if v in os.environ},
         "survive_failure": faults.survival(),
@@ -122,10 +118,7 @@ def render(facts: dict[str, Any]) -> str:
         ("thread level", f"{facts['thread_level']} (requested {facts['thread_level_requested']})"),
         ("CUDA-aware MPI", facts["cuda_aware"]),
         ("GPU path", facts.get("gpu_path") or "unknown"),
-        ("C calls", facts.get("c_calls") or "unknown"),
-        ("bell", facts.get("bell") or "unknown"),
         ("C heap limits", facts.get("heap") or "unknown"),
-        ("large sums", facts.get("node_reduce") or "unknown"),
         ("launcher", facts["launcher"]),
         ("network", " ".join(f"{k}={v}" for k, v in facts.get("network_env", {}).items())
          or "the MPI library's default (no FI_/UCX_/netmod variable set)"),

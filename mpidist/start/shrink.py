@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checks import census, failure
-from ..core import bell, errors, faults, groups
+from ..core import errors, faults, groups
 from ..core.groups import GroupMember, ProcessGroup
 
 #: torch's ``shrink_flags``: the default, and "abort pending operations first" (MPI's revoke).
@@ -101,13 +101,13 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
     for other in list(reg.live.values()):
         if other is not pg:
             _retire(other)
-    bell.renumber([pg.ranks[r] for r in keep])
     new = groups._new(comm, range(len(keep)), pg.group_name, "default:shrunken", pg.timeout)
     _retire(pg)
     reg.names = {}
     reg.hosts = hosts
     reg.world = GroupMember.WORLD = groups.group.WORLD = new
     errors.WORLD_RANK = new._rank
+    groups.learn_local_rank(comm)
     if failure.installed():
         failure.restart(new.comm)
     census.start(new.comm)

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from mpi4py import MPI
 
 from ..checks import census, failure, flight, stall
-from ..core import bell, errors, groups
+from ..core import errors, groups
 from ..core.groups import GroupMember, ProcessGroup
 from . import heap, launcher
 
@@ -267,8 +267,8 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
             return int(value)
         except ValueError:
             raise errors.value_error(call, f"LOCAL_RANK={value!r} is not an int") from None
-    if groups.registry.world is not None and bell.local_rank >= 0:
-        return bell.local_rank
+    if groups.registry.world is not None and groups.registry.local_rank >= 0:
+        return groups.registry.local_rank
     claimed = launcher.claimed_local_rank()
     if claimed is not None:
         return claimed

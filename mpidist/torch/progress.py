@@ -12,11 +12,7 @@ timeout, or on a peer's notice, as mpidist's own calls end
 (:func:`mpidist.core.timeouts.expired`): the future gets the error, so DDP, which waits on futures
 from C++, raises as under gloo.
 
-Work on a group whose members all run on this node (its bell mask, :mod:`mpidist.core.bell`)
-takes part in the node's bell, as mpidist's blocking waits do: it counts as a wait from its
-submission to its completion (the submission rings), and the thread spends its pauses asleep on
-the bell, where a peer's arrival wakes it at once; it spins only while every member is in a
-wait (for the spin a blocking wait of those bytes would make, :func:`mpidist.core.waiting.spin_for`).
+The pauses are :class:`mpidist.core.waiting.Backoff`'s, as every other wait's.
 """
 
 from __future__ import annotations
@@ -27,13 +23,13 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from ..core import bell, errors
-from ..core.waiting import Backoff, poll, spin_for, spin_on
+from ..core import errors, settings
+from ..core.waiting import Backoff
 from ..core.work import Work as MpiWork
 
 #: First and longest pause between two tests of the pending requests (seconds).
-FIRST_PAUSE = float(os.environ.get("MPIDIST_TORCH_POLL_MIN", "20e-6"))
-MAX_PAUSE = float(os.environ.get("MPIDIST_TORCH_POLL_MAX", "500e-6"))
+FIRST_PAUSE = settings.seconds("MPIDIST_TORCH_POLL_MIN") or 0.0  # declared with a default
+MAX_PAUSE = settings.seconds("MPIDIST_TORCH_POLL_MAX") or 0.0
 #: Polls after a submission or a completion that yield the core (``sched_yield``) instead of
 #: sleeping, as the bounded wait's first tests do (:data:`mpidist.core.timeouts.QUICK_TESTS`):
 #: few, since the thread runs beside backward's compute.
@@ -46,8 +42,7 @@ CHECK_AFTER = 0.05
 class Pending:
     """One torch-level operation: its mpidist works and the torch future to complete."""
 
-    __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start",
-                 "bell", "ticket", "spin", "alone", "on_bell")
+    __slots__ = ("works", "future", "value", "call", "done", "error", "event", "on_done", "start")
 
     def __init__(self, works: Sequence[MpiWork], future: Any, value: Any, call: str,
                  on_done: Callable[[], None] | None = None) -> None:
@@ -60,23 +55,6 @@ class Pending:
         self.event = threading.Event()
         self.on_done = on_done
         self.start = time.monotonic()
-        #: the bell mask of its one group (0: none, or works on several groups)
-        self.bell = self.works[0].bell if self.works else 0
-        if self.bell and any(w.bell != self.bell for w in self.works):
-            self.bell = 0
-        #: the bell's ticket of its last call (0: none, or a point-to-point call)
-        self.ticket = self.works[-1].ticket if self.bell else 0
-        self.spin = self.alone = -1.0  # the spins for its bytes (spin_of), worked out when first asked
-        self.on_bell = False  # a thread waits for it asleep on the bell (Engine.wait)
-
-    def spin_of(self) -> tuple[float, float]:
-        """How long a wait for it spins while every member waits
-        (:func:`~mpidist.core.waiting.spin_for`), and while one does not
-        (:func:`~mpidist.core.bell.alone_for`), for its bytes."""
-        if self.spin < 0:
-            nbytes = sum(w.nbytes for w in self.works)
-            self.spin, self.alone = spin_for(nbytes), bell.alone_for(nbytes)
-        return self.spin, self.alone
 
     def test(self) -> bool:
         """``True`` once every request is complete (post-steps run here, exactly once)."""
@@ -111,8 +89,6 @@ class Pending:
         for the future too."""
         self.done = True
         self.event.set()
-        if self.on_bell:
-            bell.ring()
         if self.error is not None:
             self.future.set_exception(self.error)
         else:
@@ -128,23 +104,16 @@ class Engine:
         self._pending: list[Pending] = []
         self._thread: threading.Thread | None = None
         self._stop = False
-        self._submitted = 0  # submissions so far: news for the thread asleep on the bell
-        self._napping = False  # the thread sleeps on the bell, not on the condition
 
     def submit(self, p: Pending) -> None:
-        if p.bell:
-            bell.enter(p.ticket)  # counts this rank in until the work completes (poll() leaves), and rings
         with self._cv:
             self._pending.append(p)
-            self._submitted += 1
             self._cv.notify()
             if self._thread is None:
                 self._stop = False
                 self._thread = threading.Thread(target=self._run, name="mpidist-torch-progress",
                                                 daemon=True)
                 self._thread.start()
-        if not p.bell and self._napping:
-            bell.ring()  # the thread sleeps on the bell, not on the condition
 
     def poll(self) -> int:
         """Test every pending operation once; settle the finished ones; how many (0 if busy)."""
@@ -157,9 +126,6 @@ class Engine:
             if finished:
                 with self._cv:
                     self._pending = [p for p in self._pending if p not in finished]
-                for p in finished:
-                    if p.bell:
-                        bell.leave()
         finally:
             self._poll_lock.release()
         for p in finished:
@@ -167,80 +133,33 @@ class Engine:
         return len(finished)
 
     def _run(self) -> None:
-        pause = FIRST_PAUSE
+        backoff = Backoff(FIRST_PAUSE, MAX_PAUSE)
         quick = 0  # polls since the last submission or completion, each followed by a yield
-        spin_until = 0.0  # on the bell: spin while every member waits, until then
-        state = None  # on the bell: what the naps have seen of the group since then
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
                     self._cv.wait()
-                    pause, quick = FIRST_PAUSE, 0
+                    backoff.reset()
+                    quick = 0
                 if self._stop:
                     return
-                mask, spin, gone = self._bell()
-            if quick == 0:
-                spin_until = time.monotonic() + spin
-                state = bell.watch() if mask else None
             if self.poll():
-                pause, quick = FIRST_PAUSE, 0
+                backoff.reset()
+                quick = 0
                 continue
             if quick < QUICK_POLLS:
                 # as the bounded wait: a small call completes within microseconds of its submission
                 quick += 1
                 os.sched_yield()
                 continue
-            if mask:
-                state = state if state is not None else bell.watch()
-                seen = self._nap(mask, pause, spin_until, gone, state)
-                if seen is None:  # news: a submission or a completion
-                    pause, quick = FIRST_PAUSE, 0
-                elif seen == bell.RANG:  # a member arrived: test, and spin again while all wait
-                    pause, quick = FIRST_PAUSE, 0
-                else:
-                    pause = min(pause * 2, MAX_PAUSE)
-                continue
             with self._cv:
                 if self._pending and not self._stop:
                     # a submission notifies and cuts the pause short
-                    if self._cv.wait(pause):
-                        pause, quick = FIRST_PAUSE, 0
+                    if self._cv.wait(backoff.pause):
+                        backoff.reset()
+                        quick = 0
                     else:
-                        pause = min(pause * 2, MAX_PAUSE)
-
-    def _bell(self) -> tuple[int, float, float]:
-        """The pending work's bell mask (every member of each group; 0 where any has none), the
-        longest spin among them while every member waits, and the longest once each member has
-        arrived (:func:`mpidist.core.bell.alone_for` their bytes). Under the condition's lock."""
-        mask, spin, gone = 0, 0.0, 0.0
-        for p in self._pending:
-            if not p.bell:
-                return 0, 0.0, 0.0
-            mask |= p.bell
-            s, g = p.spin_of()
-            spin, gone = max(spin, s), max(gone, g)
-        return mask, spin, gone
-
-    def _news(self) -> Callable[[], bool]:
-        """A test for news since now: a submission, or work that finished (polled)."""
-        submitted = self._submitted
-        return lambda: self._submitted != submitted or self.poll() > 0
-
-    def _nap(self, mask: int, pause: float, spin_until: float, gone: float,
-             state: bytearray) -> int | None:
-        """One pause on the bell (:func:`mpidist.core.bell.nap`, seeing the group with ``state``;
-        the work of several groups goes by whom it has seen, without a ticket): ``None`` on news (a
-        submission, or work finished), else :data:`~mpidist.core.bell.RANG`, or ``SLEPT`` (also
-        after a spin)."""
-        news = self._news()
-        self._napping = True
-        try:
-            seen = bell.nap(news, pause, mask, time.monotonic() < spin_until, state, 0, gone)
-        finally:
-            self._napping = False
-        if seen == bell.SPIN:
-            return None if spin_on(news, spin_until, mask, gone, 0, state) else bell.SLEPT
-        return seen
+                        backoff.grow()
 
     def wait(self, p: Pending, timeout: float | None = None) -> None:
         """Block until ``p`` is settled, helping with the polling; raise its error.
@@ -250,21 +169,7 @@ class Engine:
         ``RuntimeError`` says so and the work stays waitable.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        if p.bell and not p.done:
-            # as a blocking wait: asleep on the bell, and whoever wakes first completes the work
-            # (handing it over from the progress thread would cost a wake-up more)
-            p.on_bell = True
-
-            def done() -> bool:
-                if not p.done:
-                    self.poll()
-                return p.done
-
-            spin, gone = p.spin_of()
-            if not poll(done, deadline, Backoff(bell_mask=p.bell, respin=spin, gone=gone, ticket=p.ticket)):
-                raise errors.runtime_error(
-                    p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete")
-        pause = FIRST_PAUSE
+        backoff = Backoff(FIRST_PAUSE, MAX_PAUSE)
         while not p.done:
             self.poll()
             if p.done:
@@ -273,8 +178,8 @@ class Engine:
                 raise errors.runtime_error(
                     p.call, f"timed out after {timeout:.3g} s waiting for the operation to complete"
                 )
-            p.event.wait(pause)
-            pause = min(pause * 2, MAX_PAUSE)
+            p.event.wait(backoff.pause)
+            backoff.grow()
         if p.error is not None:
             raise p.error
 
@@ -283,8 +188,6 @@ class Engine:
         with self._cv:
             self._stop = True
             self._cv.notify()
-            if self._napping:
-                bell.ring()
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=5)

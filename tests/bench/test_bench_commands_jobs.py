@@ -41,7 +41,6 @@ TINY: dict[str, list[str]] = {
     "torch_layers.py": ["--sizes", "4", "--sweep", "0,4KiB", "--rounds", "1", "--target", "0.0005",
                         "--sweep-reps", "3"],
     "waits.py": ["--rounds", "1", "--target", "0.0005"],
-    "node_reduce.py": ["--sizes", "4M", "--rounds", "1", "--reps", "2"],
     "late.py": ["--rounds", "4"],
     "scale.py": ["--ranks", "2", "--rounds", "1", "--target", "0.0005", "--timeout-s", "0.5",
                  "--out", "{out}", "--no-plot"],

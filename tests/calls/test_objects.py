@@ -326,7 +326,7 @@ def test_an_object_that_cannot_be_pickled_raises_on_every_rank(dist, rank, size,
 @pytest.mark.mpi
 def test_point_to_point_object_calls_leave_the_call_number_alone(dist, rank, size, monkeypatch):
     """``ProcessGroup.seq`` numbers the group's collectives alike on every member (timeout
-    reports, notices and the bell's tickets go by it): ``send_object_list`` and
+    reports and notices go by it): ``send_object_list`` and
     ``recv_object_list``, which only some ranks make, and the point-to-point path of
     ``scatter_object_list`` must not count on some ranks only."""
     monkeypatch.setattr(objects, "SCATTER_APART", 0)

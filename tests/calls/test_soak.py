@@ -27,14 +27,9 @@ def rss_mib() -> float:
 
 
 def live_requests() -> int:
-    """Active ``MPI.Request`` objects still reachable from Python, less the persistent requests
-    that live groups keep for their small calls (``MPIDIST_PERSISTENT=1``; at most
-    ``persistent.MOST`` per group, a cache rather than a leak)."""
+    """Active ``MPI.Request`` objects still reachable from Python."""
     gc.collect()
-    cached = {id(e[0]) for pg in groups.registry.live.values() if pg.persistent
-              for e in pg.persistent.values()}
-    return sum(1 for o in gc.get_objects()
-               if isinstance(o, MPI.Request) and o != MPI.REQUEST_NULL and id(o) not in cached)
+    return sum(1 for o in gc.get_objects() if isinstance(o, MPI.Request) and o != MPI.REQUEST_NULL)
 
 
 def free_context_ids() -> int:

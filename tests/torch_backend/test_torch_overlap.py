@@ -8,8 +8,6 @@ fp16 hook runs with both choices forced, against gloo with the same hook.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -98,46 +96,3 @@ def test_fp16_compress_hook_matches_gloo(tw, limit, monkeypatch):
     tw.all_gather_object(everyone, flat)
     for other in everyone:
         np.testing.assert_array_equal(other, flat)
-
-
-@pytest.mark.mpi(min_size=2)
-def test_overlapped_work_wakes_on_the_bell(tw, monkeypatch):
-    """Overlapped work on a one-node group counts this rank in the node's bell until it
-    completes, and the progress thread sleeps on the bell: the last rank's arrival, 1 s late,
-    wakes it at once, though its pauses are set to 0.3 s, doubling (without the bell it would
-    sleep on to 2.1 s, the end of its third pause). The sum is checked against numpy."""
-    from mpidist.checks import signature
-    from mpidist.core import bell
-    from mpidist.torch import progress
-
-    if not bell.on():
-        pytest.skip(f"no bell on this node: {bell.why_not or 'MPIDIST_BELL=0'}")
-    monkeypatch.setattr(backend, "SYNC_BYTES", 0)  # every asynchronous call overlaps
-    monkeypatch.setattr(progress, "MAX_PAUSE", 5.0)
-    monkeypatch.setattr(progress, "FIRST_PAUSE", 0.3)
-    rank, size = tw.get_rank(), tw.get_world_size()
-    g = tw.new_group(list(range(size)))
-    me = 1 << rank  # every rank of the test runs on this node: its local rank is its rank
-    for _ in range(signature.FIRST):  # past the calls the default check blocks on (every one of
-        tw.all_reduce(torch.ones(1), group=g)  # the first 8; the 9th to the 39th are not checked)
-    t = torch.full((5,), float(rank + 1))
-    tw.barrier()
-    late = rank == size - 1
-    if late:
-        time.sleep(1.0)
-    arrived = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the node
-    work = tw.all_reduce(t, group=g, async_op=True)
-    counted = bell.all_in(me) if not late else True
-    work.get_future().wait()  # completed by the progress thread alone
-    done = time.monotonic()
-    left = not bell.all_in(me)
-    times = [None] * size
-    tw.all_gather_object(times, (arrived, done, counted, left))
-    bad = [f"rank {r}: not counted in while pending" for r, (_, _, c, _) in enumerate(times) if not c]
-    bad += [f"rank {r}: still counted in after completion" for r, (*_, x) in enumerate(times) if not x]
-    last = times[-1][0]
-    bad += [f"rank {r}: done {d - last:.3f} s after the last arrival" for r, (_, d, _, _) in enumerate(times)
-            if d - last > 0.15]
-    assert not bad, bad
-    np.testing.assert_allclose(t.numpy(), np.full(5, size * (size + 1) / 2))
-    tw.destroy_process_group(g)
