@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from ..checks import debug
 from ..checks.fingerprint import LENGTH, ROOT, agree
-from ..core import errors
+from ..core import errors, ranklists
 from ..core.groups import NON_GROUP_MEMBER, ProcessGroup, group_rank_of, resolve
 from ..core.registry import absent, define
 from ..core.tags import MAX_TAG, OBJECTS, mpi_tag
@@ -74,7 +74,7 @@ def _failed(pg: ProcessGroup, call: Any, sizes: Sequence[int], mine: Any, what: 
         return
     if isinstance(mine, BaseException):
         raise mine
-    who = f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
+    who = ranklists.plural(bad)
     raise errors.value_error(call, f"{who} could not pickle {what} (the error is raised there)")
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..core import errors, faults, groups, registry, settings
+from ..core import errors, faults, groups, ranklists, registry, settings
 from ..core.waiting import Backoff, seconds
 
 _saved: dict[str, Any] = {}
@@ -163,7 +163,7 @@ class ExitWatch:
             if blocked_since is None:
                 blocked_since = now
             if now - max(blocked_since, min(ended.values())) >= STALL:
-                gone = ", ".join(str(r) for r in sorted(ended))
+                gone = ranklists.ranges(ended)
                 abort(
                     f"rank(s) {gone} ended (returned or called sys.exit) while this rank waits in "
                     f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno}), which "
@@ -196,13 +196,13 @@ class ExitWatch:
             waited = time.monotonic() - start
             if waited >= limit:
                 abort(
-                    f"this rank has finished, but rank(s) {', '.join(map(str, missing))} did not "
+                    f"this rank has finished, but rank(s) {ranklists.ranges(missing)} did not "
                     f"finish within {limit:g} s (MPIDIST_EXIT_TIMEOUT, default the group's timeout); "
                     "aborting the MPI job (MPI_Abort) so that no rank hangs", 1,
                 )
             if not told and waited >= 1.0:
                 say(f"finished with the process group still initialised; waiting up to {limit:g} s "
-                    f"for rank(s) {', '.join(map(str, missing))} to finish")
+                    f"for rank(s) {ranklists.ranges(missing)} to finish")
                 told = True
             backoff.sleep()
         for r, req in zip(self.peers, sends):

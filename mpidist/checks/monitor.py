@@ -121,7 +121,7 @@ def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait
     gave_up = _gave_up(comm, pg, [peers[i] for i in sorted(done)], rnd, limit)
     if missing:
         shown = missing if wait_all else missing[:1]
-        who = ", ".join(map(str, shown))
+        who = ranklists.ranges(shown)
         raise errors.runtime_error(
             call, f"rank{'s' if len(shown) > 1 else ''} {who} did not reach monitored_barrier "
             f"within {limit:g} s (group {pg.group_name!r}, global ranks {ranklists.ranges(pg.ranks)})"
@@ -129,7 +129,7 @@ def _monitor(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, wait
     if gave_up:
         raise errors.runtime_error(
             call, f"this rank (group rank 0, which monitors the barrier) came late: rank(s) "
-            f"{', '.join(map(str, gave_up))} gave up waiting for it within {limit:g} s "
+            f"{ranklists.ranges(gave_up)} gave up waiting for it within {limit:g} s "
             f"(group {pg.group_name!r}, global ranks {ranklists.ranges(pg.ranks)})"
         )
 
@@ -199,6 +199,6 @@ def _arrive(comm: MPI.Intracomm, pg: ProcessGroup, rnd: int, limit: float, call:
         missing = [pg.ranks[r] for r in np.flatnonzero(verdict[2:])]
         raise errors.runtime_error(
             call, f"rank {pg.ranks[0]}, which monitors the barrier, reports that rank(s) "
-            f"{', '.join(map(str, missing))} did not reach monitored_barrier within {limit:g} s "
+            f"{ranklists.ranges(missing)} did not reach monitored_barrier within {limit:g} s "
             f"(group {pg.group_name!r}, global ranks {ranklists.ranges(pg.ranks)})"
         )

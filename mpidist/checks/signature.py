@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..core import registry
+from ..core import ranklists, registry
 from ..core.groups import ProcessGroup
 from ..core.timeouts import allgather, wait
 
@@ -186,8 +186,8 @@ def _pairs_agree(pg: ProcessGroup, call: Any, pairs: tuple[Sequence[int], Sequen
 
 
 def ranks(rs: list[int]) -> str:
-    """``rank 3`` or ``ranks 0, 1, 2``."""
-    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+    """``rank 3`` or ``ranks 0–2, 5``: runs as ranges, so that a report stays short at any size."""
+    return ranklists.plural(rs)
 
 
 def by_value(pairs: list[tuple[int, Any]], verb: str) -> str:

@@ -49,7 +49,7 @@ import uuid
 
 from mpi4py import MPI
 
-from ..core import errors
+from ..core import errors, ranklists
 from . import threads
 from .launcher import node_layout
 
@@ -79,7 +79,7 @@ def agree(problem: str | None, comm: MPI.Intracomm, call: str = CALL) -> None:
     if problem is not None:
         raise errors.runtime_error(call, problem)
     raise errors.runtime_error(
-        call, f"rank(s) {', '.join(map(str, bad))} cannot start; rank {bad[0]}: {problems[bad[0]]}")
+        call, f"rank(s) {ranklists.ranges(bad)} cannot start; rank {bad[0]}: {problems[bad[0]]}")
 
 
 def layout_environment(comm: MPI.Intracomm | None = None) -> dict[str, str]:
