@@ -13,12 +13,15 @@ import json
 import sys
 from pathlib import Path
 
+from .core.ranklists import plural, ranges
+
 
 def merge(files: list[Path]) -> str:
     """The report over the ranks' record files: per group, who stopped first, who diverged."""
     ranks = [json.loads(f.read_text()) for f in files]
     ranks.sort(key=lambda d: d["rank"])
-    lines = [f"{len(ranks)} rank(s): " + ", ".join(f"{d['rank']} ({d['reason']})" for d in ranks)]
+    lines = [f"{len(ranks)} rank(s): " + ", ".join(
+        f"{ranges(rs)} ({why})" for why, rs in _by(ranks, lambda d: d["reason"]).items())]
     by_group: dict[str, dict[int, list[dict]]] = {}
     for d in ranks:
         for c in d["calls"]:
@@ -26,16 +29,24 @@ def merge(files: list[Path]) -> str:
                 by_group.setdefault(c["group"], {}).setdefault(d["rank"], []).append(c)
     for name, per_rank in sorted(by_group.items()):
         members = next(iter(per_rank.values()))[-1]["ranks"]
-        lines.append(f"group {name!r} (global ranks {members}):")
+        lines.append(f"group {name!r} (global ranks {ranges(members)}):")
         last: dict[int, dict] = {r: cs[-1] for r, cs in per_rank.items()}
-        for r in sorted(last):
-            c = last[r]
-            lines.append(f"  rank {r}: last {c['call']} #{c['seq']} {c['state']}")
+        said = _by([{"rank": r, **c} for r, c in sorted(last.items())],
+                   lambda c: f"last {c['call']} #{c['seq']} {c['state']}")
+        lines += [f"  {plural(rs)}: {what}" for what, rs in said.items()]
         silent = [r for r in members if r not in per_rank and r in {d["rank"] for d in ranks}]
-        for r in silent:
-            lines.append(f"  rank {r}: no call recorded on this group")
+        if silent:
+            lines.append(f"  {plural(silent)}: no call recorded on this group")
         lines += _verdict(per_rank, last, silent)
     return "\n".join(lines)
+
+
+def _by(items: list[dict], key: object) -> dict[str, list[int]]:
+    """The ``rank`` of each item, grouped by ``key(item)`` in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for d in items:
+        out.setdefault(key(d), []).append(d["rank"])  # type: ignore[operator]
+    return out
 
 
 def _verdict(per_rank: dict[int, list[dict]], last: dict[int, dict], silent: list[int]) -> list[str]:
@@ -47,19 +58,20 @@ def _verdict(per_rank: dict[int, list[dict]], last: dict[int, dict], silent: lis
     for seq in sorted(calls_at):
         names = calls_at[seq]
         if len(set(names.values())) > 1:
-            detail = ", ".join(f"rank {r} {n}" for r, n in sorted(names.items()))
+            detail = ", ".join(f"{plural(rs)} {n}" for n, rs in _by(
+                [{"rank": r, "call": n} for r, n in sorted(names.items())], lambda c: c["call"]).items())
             out.append(f"  diverged at #{seq}: {detail}")
             break
     if silent:
-        out.append(f"  stopped first: rank(s) {silent} (no call on this group)")
+        out.append(f"  stopped first: {plural(silent)} (no call on this group)")
     elif last:
         low = min(c["seq"] for c in last.values())
         behind = sorted(r for r, c in last.items() if c["seq"] == low)
         if low < max(c["seq"] for c in last.values()):
-            out.append(f"  stopped first: rank(s) {behind} (last call #{low}; the others went further)")
+            out.append(f"  stopped first: {plural(behind)} (last call #{low}; the others went further)")
         stuck = sorted(r for r, c in last.items() if c["state"] in ("started", "failed"))
         if stuck:
-            out.append(f"  not completed: rank(s) {stuck}")
+            out.append(f"  not completed: {plural(stuck)}")
     return out
 
 

@@ -81,6 +81,8 @@ def _premultiply(arr: np.ndarray, d: DType, p: Plan) -> None:
 
 def _reducer(p: Plan, pg: ProcessGroup, call: Any) -> Any:
     """The communicator, or for fp16/bf16 the 16-bit reductions, each step within the group's timeout."""
+    if p.lowprec is None:
+        return pg.comm
     return p.reducer(pg.comm, lambda reqs, keep: wait(reqs, pg, call, keep))
 
 
