@@ -102,14 +102,6 @@ def note(pg: ProcessGroup, sig: tuple, pairs: tuple[Sequence[int], Sequence[int]
         check(pg, rec, pairs)
 
 
-def forget_last(pg: ProcessGroup) -> None:
-    """Drop the signature :func:`note` recorded last on ``pg``: that call's ranks found it wrong
-    by other means and all raised, so a later check must not report it again."""
-    rec = pg.signatures
-    if rec is not None and rec.sigs:
-        rec.sigs.pop()
-
-
 def check(pg: ProcessGroup, rec: Record, pairs: tuple[Sequence[int], Sequence[int]] | None = None) -> None:
     """Agree with the group on the signatures recorded since the last check (see the module)."""
     sigs = rec.sigs

@@ -204,12 +204,6 @@ def define(name: str | None = None, *, fingerprint: Fingerprint | None = None,
     return declare
 
 
-def part_of(call: Call, fn: Callable[..., Any]) -> None:
-    """Count ``fn``'s frames as ``call``'s, for the watchers that sample stacks: a part of a call
-    that runs outside its body's frame (what a C entry hands back to Python)."""
-    _CODES[fn.__code__] = call
-
-
 def collective(call: Any) -> bool:
     """Whether every member of the group makes ``call``: a declared call with a fingerprint, or an
     exchange of mpidist's own named by a string (the cross-rank check's); ``False`` for

@@ -29,16 +29,10 @@ LONGEST_PAUSE = 1e-3
 #: How long a wait for a call's completion tests back to back, yielding the core in between,
 #: before it starts to sleep (seconds): ``SPIN_LEAST``, plus ``SPIN_PER_BYTE`` for each byte the
 #: call moves, up to ``SPIN_MOST``. MPI moves a message on one node only while it is tested, so a
-#: large one needs the spin (2 ms made 1 MiB 1.40x slower once), for as long as its bytes take:
-#: past the spin a test comes once a pause (up to 1 ms) and moves a few shared-memory cells, so
-#: a gather of 16 MiB from each of 4 ranks on 2 cores, 27 ms in mpi4py, took 3-4 s when the spin
-#: stopped at 10 ms whatever the bytes (``SPIN``, now the spin of a wait that moves no bytes of
-#: its own, as a probe for a message). A wait longer than its message
-#: needs is for a peer still computing, and a rank that spins then takes a share of the core
-#: from it (or from torch's threads) even while yielding: 10 ms for every call gave a small
-#: model's DDP steps 23-36 ms outliers (gloo: 5-13 ms) in 11 of 17 runs at 2 ranks x 2 threads
-#: on 2 cores; 1 ms, none in 18 runs; 3 ms, none in 4 (docs/benchmarks.md, "Where ranks share
-#: cores").
+#: large one needs the spin for as long as its bytes take; a wait longer than that is for a peer
+#: still computing, which a spinning rank would take a share of the core from. ``SPIN``: the spin
+#: of a wait that moves no bytes of its own (a probe for a message). The measurements behind these
+#: are in docs/benchmarks.md, "Where ranks share cores".
 SPIN = 0.01
 SPIN_LEAST = 0.003
 SPIN_PER_BYTE = 1 / 256e6  # 1 MiB: 7 ms; 16 MiB: 68 ms
@@ -46,10 +40,8 @@ SPIN_MOST = 1.0
 
 
 #: Past its spin a wait for a call that moves more than this many bytes sleeps shorter pauses,
-#: in proportion (1 MiB: 250 us; 16 MiB: ``FIRST_PAUSE``): a large message moves a few
-#: shared-memory cells per test, and one that its peers left to move (they did their part and
-#: went on) would crawl at one test a millisecond (a 16 MiB gather at 4 ranks on 2 cores
-#: sometimes took 1.7 s, against mpi4py's 27 ms, with 1 ms pauses).
+#: in proportion: a large message moves a few shared-memory cells per test, and one that its peers
+#: left to move (they did their part and went on) would crawl at one test a pause.
 PAUSE_BYTES = 256 << 10
 
 

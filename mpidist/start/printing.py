@@ -69,11 +69,3 @@ def restore() -> None:
     if _original_factory is not None:
         logging.setLogRecordFactory(_original_factory)
         _original_factory = None
-
-
-def print0(*args: Any, **kwargs: Any) -> None:
-    """``print`` on world rank 0 only (works whether or not ``print`` was quieted)."""
-    from mpi4py import MPI
-
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        (_original_print or builtins.print)(*args, **kwargs)
