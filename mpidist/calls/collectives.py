@@ -51,7 +51,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     Becomes ``MPI_Iallreduce(MPI_IN_PLACE, ...)`` and the bounded wait (a ``Work`` under
     ``async_op``); ``MPI_Allreduce`` on a group of one. MPI chooses the algorithm for every size
     (docs/performance.md names its knobs). ``ReduceOp.AVG`` divides the sum by the group size;
-    ``PREMUL_SUM`` scales first; a sparse tensor is gathered and summed (:mod:`.sparse`).
+    ``PREMUL_SUM`` scales first; a sparse tensor is gathered and summed (:mod:`mpidist.calls.sparse`).
 
     Example: ranks 0..3 each pass ``np.full(2, rank)``; with ``SUM`` every rank ends
     with ``[6, 6]``.

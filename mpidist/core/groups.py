@@ -46,7 +46,7 @@ class ProcessGroup:
         self.broken: str | None = None
         self._abandoned: list[Any] = []  # requests and buffers of calls given up on
         self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
-        #: held by the thread in a call on the group (:func:`busy`); ``holder``: that call and thread
+        #: held by the thread in a call on the group (:func:`mpidist.core.groups.busy`); ``holder``: that call and thread
         self.lock = threading.RLock()
         self.holder: tuple[Any, int] | None = None
 
