@@ -110,8 +110,8 @@ def assert_like_torchrun(theirs: dict[int, dict], started_with: dict[str, str], 
             assert got[r][key] == want[r][key], (r, key, got[r][key], want[r][key])
         assert _loopback(got[r]["MASTER_ADDR"]) and _loopback(want[r]["MASTER_ADDR"])
         assert 0 < int(got[r]["MASTER_PORT"]) < 65536
-        store = "TORCHELASTIC_USE_AGENT_STORE"  # torchrun's agent serves the store; here rank 0 does
-        assert (want[r][store], got[r][store]) == ("True", "False")
+        store = "TORCHELASTIC_USE_AGENT_STORE"  # torchrun's agent serves the store; here rank 0 serves
+        assert (want[r][store], got[r][store]) == ("True", "True")  # it as an agent store: all connect
     for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         assert len({got[r][key] for r in range(n)}) == 1, key
 

@@ -16,12 +16,14 @@ What is set, against what ``torchrun --nproc-per-node N`` sets:
 ``ROLE_RANK``, ``ROLE_WORLD_SIZE``,       as torchrun's single role ``default``: the
 ``ROLE_NAME``                             global rank and size
 ``MASTER_ADDR``, ``MASTER_PORT``          rank 0's address (``127.0.0.1`` on one node) and
-                                          a port that was free there
+                                          a port that was free there (``hosted``: the
+                                          address and port of the store rank 0 serves)
 ``TORCHELASTIC_RUN_ID``                   one id for the job (``is_torchelastic_launched()``)
 ``TORCHELASTIC_RESTART_COUNT``,           ``0``: MPI jobs are not restarted
 ``TORCHELASTIC_MAX_RESTARTS``
-``TORCHELASTIC_USE_AGENT_STORE``          ``False``: no torchrun agent serves a store, so
-                                          rank 0 starts it (torchrun: ``True``)
+``TORCHELASTIC_USE_AGENT_STORE``          ``True`` under ``python -m mpidist.run``, as
+                                          torchrun: rank 0 serves the store before the
+                                          script runs (``hosted``); ``False`` otherwise
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING``       ``1`` unless set, as torchrun
 ``OMP_NUM_THREADS``                       ``1`` when a node has several ranks, unless set,
                                           as torchrun
@@ -37,6 +39,7 @@ torchrun's agent, which does not exist here; see :data:`AGENT_ONLY`).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
 import os
@@ -189,6 +192,32 @@ def _listener(host: str) -> socket.socket:
     return sock
 
 
+def _listeners(hosts: list[str]) -> list[socket.socket]:
+    """Sockets listening on one free port, one on each IPv4 address of ``hosts`` (names resolved here).
+
+    Never on every interface: a peer's probe reaches only the addresses offered to it.
+    ``OSError`` when a host has no address of this machine, or no port is free on all of them.
+    """
+    addresses = list(dict.fromkeys(socket.gethostbyname(h) for h in hosts))
+    if not addresses:
+        raise OSError("no address other than loopback to listen on")
+    for _ in range(20):
+        socks = [_listener(addresses[0])]
+        port = socks[0].getsockname()[1]
+        try:
+            for address in addresses[1:]:
+                socks.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                socks[-1].bind((address, port))
+                socks[-1].listen(socket.SOMAXCONN)
+            return socks
+        except OSError as exc:
+            for s in socks:
+                s.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(f"no port was free on every one of {addresses}")
+
+
 def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool, call: str = CALL
                    ) -> tuple[str, str]:
     """``(MASTER_ADDR, MASTER_PORT)``: rank 0's choice, the same on every rank.
@@ -198,24 +227,27 @@ def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool, call
     across nodes each other node's first rank tries rank 0's host names and addresses
     and the first that every node reached is taken (``MPI_Bcast`` out, ``MPI_Allgather``
     back). A rank whose own ``MASTER_ADDR``/``MASTER_PORT`` differs from rank 0's raises.
+
+    While the nodes probe, rank 0 listens on loopback (one node) or on each candidate's
+    address (``MASTER_ADDR``'s alone when set), never on every interface; it stops when the
+    choice is made. The store that later binds the port is the caller's: torch's own
+    ``TCPStore`` server binds every interface (``[::]``), which is why ``python -m mpidist.run``
+    hosts the store itself, on the one address (:func:`torchrun_environment`'s ``hosted``).
     """
     rank = comm.Get_rank()
     given = (os.environ.get("MASTER_ADDR", "").strip(), os.environ.get("MASTER_PORT", "").strip())
-    listener, problem, plan = None, None, None
+    listeners: list[socket.socket] = []
+    problem, plan = None, None
     if rank == 0:
         try:
             addr, port = given
+            candidates = [addr] if addr else ["127.0.0.1"] if single_node else _candidates()
             if not port:
-                listener = _listener("127.0.0.1" if single_node else "")
-                port = str(listener.getsockname()[1])
+                listeners = [_listener("127.0.0.1")] if single_node else _listeners(candidates)
+                port = str(listeners[0].getsockname()[1])
             elif not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"$MASTER_PORT={port!r} is not a port number (1-65535)")
-            if addr:
-                plan = ([addr], port, False)
-            elif single_node:
-                plan = (["127.0.0.1"], port, False)
-            else:
-                plan = (_candidates(), port, listener is not None)
+            plan = (candidates, port, not single_node and not addr and bool(listeners))
         except (OSError, ValueError) as exc:
             problem = f"rank 0 cannot choose MASTER_ADDR/MASTER_PORT: {exc}"
     try:
@@ -224,7 +256,7 @@ def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool, call
         seen = _reachable(candidates, int(port)) if probe and local_rank == 0 and rank != 0 else None
         heard = comm.allgather(seen)
     finally:
-        if listener is not None:
+        for listener in listeners:
             listener.close()
     reached = [h for h in candidates if all(s is None or h in s for s in heard)]
     problem = None
@@ -242,21 +274,30 @@ def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool, call
     return addr, port
 
 
-def torchrun_environment(comm: MPI.Intracomm | None = None, call: str = CALL) -> dict[str, str]:
+def torchrun_environment(comm: MPI.Intracomm | None = None, call: str = CALL, hosted: bool = False
+                         ) -> dict[str, str]:
     """Every variable this rank should get (see the module docstring), checked on every rank.
 
     Collective over ``comm`` (default ``MPI_COMM_WORLD``). A layout variable already set
     to another value than MPI's, on any rank, makes every rank raise ``RuntimeError``.
+
+    ``hosted``: the caller serves the store itself, as torchrun's agent does (rank 0 holds a
+    ``TCPStore`` bound to one address, :func:`mpidist.torch.rendezvous.mpi_store`), and adds
+    ``MASTER_ADDR``/``MASTER_PORT`` once it listens; ``TORCHELASTIC_USE_AGENT_STORE`` is then
+    ``True``, so that torch's ``env://`` rendezvous connects to it on every rank instead of
+    starting a second server on rank 0, one that would listen on every interface.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     env = layout_environment(comm)
     agree(contradictions(env), comm, call)
     single_node = env["GROUP_WORLD_SIZE"] == "1"
-    env["MASTER_ADDR"], env["MASTER_PORT"] = master_address(comm, int(env["LOCAL_RANK"]), single_node, call)
+    if not hosted:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = master_address(comm, int(env["LOCAL_RANK"]), single_node,
+                                                                call)
     env["TORCHELASTIC_RUN_ID"] = comm.bcast(f"mpidist-{uuid.uuid4().hex[:12]}" if comm.Get_rank() == 0
                                             else None, root=0)
     env["TORCHELASTIC_RESTART_COUNT"] = env["TORCHELASTIC_MAX_RESTARTS"] = "0"
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+    env["TORCHELASTIC_USE_AGENT_STORE"] = str(hosted)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if "OMP_NUM_THREADS" in os.environ or env["LOCAL_WORLD_SIZE"] != "1":
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
