@@ -119,3 +119,12 @@ def lightning_gloo(tmp_path_factory):
             env=OFFLINE, timeout=300)
     assert r.returncode == 0, r.stderr[-5000:]
     return records(where, 2)
+
+
+@pytest.fixture(scope="module")
+def cluster2():
+    """Two namespace nodes that cannot resolve each other's names: a service must be found by
+    address (tests/cluster/fixtures.py)."""
+    from cluster.fixtures import cluster_of
+
+    yield from cluster_of(2, resolve="self")

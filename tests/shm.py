@@ -13,6 +13,8 @@ running process still maps.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,3 +93,16 @@ def swept() -> Iterator[None]:
         yield
     finally:
         sweep(before)
+
+
+def private_mount_reason() -> str | None:
+    """Why a test cannot give its job a /dev/shm of its own (``unshare -m`` and a tmpfs mount);
+    ``None`` where it can."""
+    if not shutil.which("unshare"):
+        return "no unshare command (util-linux)"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"unshare -m / mount of a tmpfs is not permitted: {probe.stderr.strip() or probe.returncode}"
+    return None

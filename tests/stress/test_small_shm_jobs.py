@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 import textwrap
 
 import pytest
+import shm
 from launcher import _run, mpiexec_path
 
 RANKS = 3
@@ -66,18 +65,6 @@ SIGNAL_STATUSES = {7, 11, 128 + 7, 128 + 11, -7, -11}
 CLEAR_ERROR = re.compile(r"^(?:\[rank \d+\] )?\w+(?:Error|Exception): .+|Fatal error in \w+", re.MULTILINE)
 
 
-def _namespace_reason() -> str | None:
-    """Why a private /dev/shm cannot be mounted here (None where it can)."""
-    if not shutil.which("unshare"):
-        return "no unshare command (util-linux)"
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-                           capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        return f"unshare -m / mount of a tmpfs is not permitted: {probe.stderr.strip() or probe.returncode}"
-    return None
-
-
 def test_large_sums_with_dev_shm_all_but_full(tmp_path):
     """3 ranks in a namespace whose /dev/shm is a 10 MiB tmpfs; after MPI starts, rank 0 fills it
     but for 1 MiB, then every rank sums and broadcasts 5 and 8 MiB on the world and on a group
@@ -91,7 +78,7 @@ def test_large_sums_with_dev_shm_all_but_full(tmp_path):
     start is another matter: MPICH's ``MPI_Init`` itself then dies of SIGBUS, with or without
     mpidist; that is outside what this test runs.)
     """
-    if reason := _namespace_reason():
+    if reason := shm.private_mount_reason():
         pytest.skip(reason)
     job = tmp_path / "small_shm_job.py"
     job.write_text(JOB)

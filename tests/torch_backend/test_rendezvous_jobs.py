@@ -93,14 +93,6 @@ def test_on_one_node_the_store_listens_on_loopback_only(tmp_path):
     assert all(first["refused"].values()), first["refused"]
 
 
-@pytest.fixture(scope="module")
-def cluster2():
-    from cluster.fixtures import cluster_of
-
-    # nodes that cannot resolve each other's names: the store must be found by address
-    yield from cluster_of(2, resolve="self")
-
-
 @pytest.mark.parametrize("layout", [[1, 1], [1, 2]], ids=["1+1", "1+2"])
 def test_across_nodes_the_store_listens_on_the_address_the_nodes_share(tmp_path, cluster2, layout):
     from cluster.fixtures import run
