@@ -5,7 +5,7 @@ Serial (about a minute): the tracked files are copied to a temporary directory a
 installed with the ``mpich`` extra into a new virtualenv and a 2-rank job checks a float32 and a
 float16 ``all_reduce`` against numpy, from outside the repository (the installed package, not
 the sources). The sdist is then installed with no C compiler (``CC=false``): mpidist installs
-without the kernel or the C calls, and the float16 reduction still comes out right, in numpy
+without the kernel, and the float16 reduction still comes out right, in numpy
 (and the float32 one through mpi4py). The metadata states
 every Python the Makefile tries, ranges (no pins), the license file, ``Typing :: Typed``.
 """
@@ -145,12 +145,12 @@ def test_wheel_and_sdist_install_into_a_clean_venv(dist_dir, clean_venv, tmp_pat
     no_cc = dict(os.environ, CC="false")
     _run([*pip, f"{_one(dist_dir, '*.tar.gz')}[mpich]"], timeout=900, env=no_cc)
     out = _smoke(clean_venv, tmp_path)
-    assert "kernel None from" in out and "C calls not built (no C compiler at install)" in out, out
+    assert "kernel None from" in out, out
     # the wheel: the kernel, loops chosen for this CPU at run time
     _run([*pip, "--force-reinstall", "--no-deps", _one(dist_dir, "*.whl")])
     if shutil.which(os.environ.get("CC", "cc")):
         out = _smoke(clean_venv, tmp_path)
-        assert re.search(r"kernel (avx2\+f16c|portable) from", out) and "C calls on" in out, out
+        assert re.search(r"kernel (avx2\+f16c|portable) from", out), out
 
 
 def test_torch_extra_keeps_the_installed_torch(dist_dir):
