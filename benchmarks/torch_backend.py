@@ -167,7 +167,7 @@ def two_node(args: argparse.Namespace, gloo: dist.ProcessGroup) -> dict:
     params, compute = ddp_step_time(width, depth, None, batch, args.ddp_reps, args.trials, local=True)
     nodes = topology.node_count(MPI.COMM_WORLD)
     out = {"params": params, "compute_ms": compute * 1e3, "nodes": nodes,
-           "auto_sync_bytes": overlap.choose(nodes), "steps": {}}
+           "auto_sync_bytes": overlap.choose(nodes, overlap.shared_cores()), "steps": {}}
     overlapped, blocking = mpidist_group(0), mpidist_group(1 << 62)
     for key, group, hook in (("gloo:fp32", gloo, None), ("mpidist:fp32", None, None),
                              ("mpidist-overlap:fp32", overlapped, None),

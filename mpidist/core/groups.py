@@ -46,7 +46,8 @@ class ProcessGroup:
         self.broken: str | None = None
         self._abandoned: list[Any] = []  # requests and buffers of calls given up on
         self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
-        #: held by the thread in a call on the group (:func:`mpidist.core.groups.busy`); ``holder``: that call and thread
+        #: held by the thread in a call on the group (:func:`mpidist.core.groups.busy`);
+        #: ``holder``: that call and thread
         self.lock = threading.RLock()
         self.holder: tuple[Any, int] | None = None
 
@@ -110,6 +111,7 @@ class _Registry:
     generation = 0  # how many times the world was made (the same count on every rank)
     hosts: list[str] = []  # host name of each global rank, gathered at init
     local_rank = -1  # this rank among the world's ranks on its node (MPI_COMM_TYPE_SHARED), from init
+    local_size = 0  # the world's ranks on this rank's node, from init
     made = 0  # groups whose making this rank took part in since init, the world included (get_pg_count)
 
 
@@ -251,10 +253,11 @@ def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
 
 
 def learn_local_rank(comm: MPI.Intracomm) -> None:
-    """Keep this rank's rank among ``comm``'s ranks on its node (``MPI_Comm_split_type`` with
-    ``MPI_COMM_TYPE_SHARED``): what ``get_node_local_rank`` answers once the world is made."""
+    """Keep this rank's rank among ``comm``'s ranks on its node, and their number
+    (``MPI_Comm_split_type`` with ``MPI_COMM_TYPE_SHARED``): what ``get_node_local_rank``
+    answers once the world is made."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    registry.local_rank = node.Get_rank()
+    registry.local_rank, registry.local_size = node.Get_rank(), node.Get_size()
     node.Free()
 
 

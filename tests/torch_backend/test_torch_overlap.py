@@ -8,6 +8,8 @@ fp16 hook runs with both choices forced, against gloo with the same hook.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,7 @@ _gloo: dict = {}
 
 def test_choice_from_nodes_and_env(monkeypatch):
     assert overlap.choose(1) == overlap.ONE_NODE
+    assert overlap.choose(1, shared_cores=True) == overlap.ACROSS_NODES  # waits must not spin
     assert overlap.choose(2) == overlap.choose(5) == overlap.ACROSS_NODES
     assert overlap.ACROSS_NODES < overlap.ONE_NODE
     monkeypatch.delenv("MPIDIST_TORCH_SYNC_BYTES", raising=False)
@@ -42,7 +45,12 @@ def test_one_node_group_blocks_up_to_the_one_node_limit(tw):
     comm = MPI.COMM_WORLD.Dup()
     try:
         assert topology.node_count(comm) == 1  # every test rank shares this machine
-        assert overlap.sync_bytes(comm, None) == overlap.ONE_NODE
+        # the node's ranks (each MPI_COMM_TYPE_SHARED peer) times torch's threads, against its cores
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        shared = local.Get_size() * torch.get_num_threads() > len(os.sched_getaffinity(0))
+        local.Free()
+        assert overlap.shared_cores() == shared
+        assert overlap.sync_bytes(comm, None) == (overlap.ACROSS_NODES if shared else overlap.ONE_NODE)
         assert overlap.sync_bytes(comm, 0) == 0
     finally:
         comm.Free()
@@ -79,7 +87,7 @@ def test_fp16_compress_hook_matches_gloo(tw, limit, monkeypatch):
     monkeypatch.setattr(backend, "SYNC_BYTES", limit)
     rank, size = tw.get_rank(), tw.get_world_size()
     mine = tw.new_group(list(range(size)))  # the limit is read when a group is made, not later
-    assert mine._sync_limit == (overlap.ONE_NODE if limit is None else limit)
+    assert mine._sync_limit == (overlap.choose(1, overlap.shared_cores()) if limit is None else limit)
     if "g" not in _gloo:
         _gloo["g"] = tw.new_group(backend="gloo")
     ours = _train(mine, rank, hook=True)
