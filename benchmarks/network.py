@@ -75,7 +75,7 @@ def lowprec_job(args: argparse.Namespace) -> int:
     import numpy as np
 
     import mpidist
-    from mpidist.calls import words
+    from mpidist.calls import lowprec_math
 
     mpidist.init_process_group("mpi")
     from mpi4py import MPI
@@ -85,7 +85,7 @@ def lowprec_job(args: argparse.Namespace) -> int:
     ctl = MPI.COMM_WORLD.Dup()
     rank, size = ctl.Get_rank(), ctl.Get_size()
     torch, td, why = start_gloo(ctl, rank, size)
-    bf16 = words.bf16_dtype()
+    bf16 = lowprec_math.bf16_dtype()
     results = []
     for nbytes in parse_sizes(args.sizes):
         loops = {}

@@ -30,7 +30,7 @@ pytest.importorskip("build", reason="python -m build is not installed (pip insta
 
 SMOKE = r"""
 import sys, numpy as np, mpidist as dist
-from mpidist.calls import words
+from mpidist.calls import lowprec_math
 dist.init_process_group("mpi")
 r, n = dist.get_rank(), dist.get_world_size()
 x = np.arange(5, dtype=np.float32) + r
@@ -41,7 +41,7 @@ want = sum((np.arange(7, dtype=np.float32) / 3 + k).astype(np.float16).astype(np
 dist.all_reduce(h)
 assert (h == want.astype(np.float16)).all(), (h, want)
 if r == 0:
-    print("kernel", words._kernel.isa if words._kernel else None, "from", dist.__file__)
+    print("kernel", lowprec_math._kernel.isa if lowprec_math._kernel else None, "from", dist.__file__)
 dist.destroy_process_group()
 """
 
@@ -94,7 +94,7 @@ def test_wheel_holds_the_kernel_the_marker_and_the_license(dist_dir):
     with zipfile.ZipFile(_one(dist_dir, "*.whl")) as z:
         names = z.namelist()
     if shutil.which(os.environ.get("CC", "cc")):
-        assert [n for n in names if re.fullmatch(r"mpidist/calls/_words16\..*\.so", n)], names
+        assert [n for n in names if re.fullmatch(r"mpidist/calls/_lowprec\..*\.so", n)], names
     assert "mpidist/py.typed" in names
     assert [n for n in names if re.search(r"\.dist-info/(licenses/)?LICENSE$", n)], names
     assert not [n for n in names if n.startswith("tests/")]
@@ -103,7 +103,7 @@ def test_wheel_holds_the_kernel_the_marker_and_the_license(dist_dir):
 def test_sdist_holds_what_the_build_and_the_reader_need(dist_dir):
     with tarfile.open(_one(dist_dir, "*.tar.gz")) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    need = {"setup.py", "setup.cfg", "pyproject.toml", "mpidist/calls/_words16.c",
+    need = {"setup.py", "setup.cfg", "pyproject.toml", "mpidist/calls/_lowprec.c",
             "mpidist/py.typed",
             "LICENSE", "README.md", "CHANGELOG.md"}
     assert need <= names, need - names

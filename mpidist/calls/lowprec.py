@@ -9,7 +9,7 @@ even. The result is the same on every rank.
 
 The reductions are :class:`Words16` methods, which stand in for the communicator's
 ``Allreduce`` / ``Reduce`` / ``Reduce_scatter_block`` (see :meth:`mpidist.calls.ops.Plan.reducer`).
-The float32 arithmetic is :mod:`mpidist.calls.words`'s (a C kernel where one was built). Widening to
+The float32 arithmetic is :mod:`mpidist.calls.lowprec_math`'s (a C kernel where one was built). Widening to
 float32 and reducing inside MPI was measured slower on one node and moves twice the bytes across
 nodes, so the words are what travels:
 
@@ -44,7 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.waiting import Backoff, poll
-from .words import (
+from .lowprec_math import (
     Reduction,
     bf16_to_f32,
     drop_scratch,

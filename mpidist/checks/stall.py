@@ -32,7 +32,7 @@ from mpi4py import MPI
 from ..core import errors, groups, ranklists, registry, settings, waiting
 from ..core.groups import ProcessGroup, resolve
 from ..core.waiting import seconds
-from . import census, debug, failure, flight
+from . import debug, failure, flight, rollcall
 
 _PKG = str(Path(__file__).resolve().parent)
 
@@ -79,7 +79,7 @@ class StallWatch:
         self.warn_s = warn_s
         self.period = min(1.0, max(0.01, warn_s / 10))
         self.seen: dict[int, tuple[FrameType, float, bool]] = {}  # thread id -> (entry, since, warned)
-        self.roll_calls: dict[int, census.RollCall] = {}  # thread id -> its stalled call's roll call
+        self.roll_calls: dict[int, rollcall.RollCall] = {}  # thread id -> its stalled call's roll call
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mpidist-stall-watch", daemon=True)
         self.thread.start()
@@ -112,7 +112,7 @@ class StallWatch:
                     _say(report(name, pg, waited, frames))
                     warned = True
                     if pg is not None:
-                        self.roll_calls[tid] = census.RollCall(pg, name, waited)
+                        self.roll_calls[tid] = rollcall.RollCall(pg, name, waited)
                 if limit is not None and waited >= limit and not bounded:
                     flight.dump(f"stall abort in {name}")
                     failure.abort(report(name, pg, waited, frames, self.roll_calls.get(tid))
@@ -130,7 +130,7 @@ class StallWatch:
 
 
 def report(name: str, pg: ProcessGroup | None, waited: float, frames: list[FrameType],
-           roll_call: census.RollCall | None = None) -> str:
+           roll_call: rollcall.RollCall | None = None) -> str:
     """The stall report: which call, on which rank and group, has waited how long, and where.
 
     With the call's ``roll_call`` it also names the ranks (and hosts) not heard from.
@@ -145,7 +145,8 @@ def report(name: str, pg: ProcessGroup | None, waited: float, frames: list[Frame
     known = roll_call.describe() if roll_call is not None else \
         "a peer has not reached the matching call, or the network to a peer has failed"
     return (f"mpidist stall: rank {errors.WORLD_RANK} has waited {waited:.1f} s on "
-            f"{census.host_of(errors.WORLD_RANK)} in {name}{where}; {known} (stall warning after {warn:g} s, "
+            f"{rollcall.host_of(errors.WORLD_RANK)} in {name}{where}; {known} "
+            f"(stall warning after {warn:g} s, "
             f"MPIDIST_STALL_WARN_S)\ncalled from:\n{stack}")
 
 

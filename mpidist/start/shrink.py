@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..checks import census, failure
+from ..checks import failure, rollcall
 from ..core import errors, faults, groups
 from ..core.groups import GroupMember, ProcessGroup
 
@@ -110,7 +110,7 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
     groups.learn_local_rank(comm)
     if failure.installed():
         failure.restart(new.comm)
-    census.start(new.comm)
+    rollcall.start(new.comm)
     return new
 
 

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from ..checks import census, failure, flight, stall
+from ..checks import failure, flight, rollcall, stall
 from ..core import errors, groups
 from ..core.groups import GroupMember, ProcessGroup
 from . import heap, launcher
@@ -150,7 +150,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         failure.install()
     heap.tune()  # large freed blocks kept for reuse (MPIDIST_MALLOC=0 leaves glibc's defaults)
     stall.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
-    census.start()  # the stall report's roll call: its own communicator
+    rollcall.start()  # the stall report's roll call: its own communicator
     flight.enable_from_env()  # MPIDIST_FLIGHT_RECORDER=N keeps the last N calls (default: off)
 
 

@@ -19,7 +19,7 @@ import pytest
 from helpers import rank_data
 
 from mpidist.calls import lowprec
-from mpidist.calls import words as arithmetic
+from mpidist.calls import lowprec_math as arithmetic
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 torch = pytest.importorskip("torch")

@@ -13,19 +13,19 @@ import hashlib
 import numpy as np
 
 import mpidist
-from mpidist.calls import words
+from mpidist.calls import lowprec_math
 from mpidist.core import topology
 
 
 def words_of(kind: str, rank: int, n: int) -> np.ndarray:
     rng = np.random.default_rng(1000 + rank)
     vals = rng.standard_normal(n) * np.exp2(rng.integers(-6, 6, n))
-    dt = np.float16 if kind == "f16" else words.bf16_dtype()
+    dt = np.float16 if kind == "f16" else lowprec_math.bf16_dtype()
     return vals.astype(np.float32).astype(dt).view(np.uint16)
 
 
 def reference(rows: np.ndarray, kind: str, average: bool) -> np.ndarray:
-    dt = np.float16 if kind == "f16" else words.bf16_dtype()
+    dt = np.float16 if kind == "f16" else lowprec_math.bf16_dtype()
     f = rows.view(dt).astype(np.float32)
     acc = f[0].copy()
     for r in range(1, f.shape[0]):
@@ -43,7 +43,7 @@ def main() -> None:
     print(f"NODES {topology.node_count(MPI.COMM_WORLD)}", flush=True)
     checked = 0
     for kind in ("f16", "bf16"):
-        dt = np.float16 if kind == "f16" else words.bf16_dtype()
+        dt = np.float16 if kind == "f16" else lowprec_math.bf16_dtype()
         for n in (7, 1001, 200_001):
             for average in (False, True):
                 rows = np.stack([words_of(kind, r, n) for r in range(size)])

@@ -6,7 +6,7 @@ times measured are printed (``pytest -s``) for the README, not asserted.
 
 * Link down mid-``all_reduce``: every surviving rank aborts once the group's timeout has
   passed, with a report that names the call, the group, and the ranks and host it still
-  waits for (the roll call of mpidist/checks/census.py), and the job ends.
+  waits for (the roll call of mpidist/checks/rollcall.py), and the job ends.
 * Every process of one node killed: hydra ends the job at once.
 * A host that does not resolve, a node whose link is down at start, a node without the
   virtualenv, a node without the job's files: a clear error, no hang (the last needs

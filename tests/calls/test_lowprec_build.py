@@ -15,9 +15,9 @@ import subprocess
 
 import pytest
 
-from mpidist.calls import words
+from mpidist.calls import lowprec_math
 
-kernel = words._kernel
+kernel = lowprec_math._kernel
 pytestmark = pytest.mark.skipif(kernel is None, reason="the C kernel is not built (no compiler at install)")
 # AT&T syntax: a VEX/EVEX instruction is a "v" mnemonic; ymm/zmm registers need AVX
 VECTOR = re.compile(r"\t(v[a-z0-9]+)\b|%[yz]mm\d")

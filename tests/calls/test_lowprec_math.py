@@ -15,7 +15,7 @@ import pytest
 from helpers import gathered
 
 from mpidist.calls import lowprec
-from mpidist.calls import words as arithmetic
+from mpidist.calls import lowprec_math as arithmetic
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -102,7 +102,7 @@ def algo(request, monkeypatch):
 @pytest.fixture(params=["auto", "portable"])
 def isa(request):
     """The kernel's loops: the CPU's best (AVX2 + F16C where it has both), and the portable ones
-    that a CPU without them runs (chosen at run time: see ``select`` in ``_words16.c``)."""
+    that a CPU without them runs (chosen at run time: see ``select`` in ``_lowprec.c``)."""
     k = lowprec.kernel("bf16")
     if k is None:
         if request.param == "portable":

@@ -1,8 +1,8 @@
-"""16-bit words: float16/bfloat16 conversions and the float32 arithmetic of their reductions.
+"""Low-precision (float16, bfloat16) arithmetic: conversions and the float32 sums of their reductions.
 
 Every element is widened exactly to float32, accumulated in float32 in rank order, scaled
 (AVG, PREMUL_SUM) in float32 and rounded once, to nearest even. The arithmetic runs in one
-pass over memory in a small C kernel (``_words16.c``, built at install where a C compiler is
+pass over memory in a small C kernel (``_lowprec.c``, built at install where a C compiler is
 found), else in numpy (torch's casts for float16 when torch is loaded). The exchanges that
 move the words are :mod:`mpidist.calls.lowprec`'s.
 """
@@ -23,7 +23,7 @@ SCRATCH_KEEP = 1 << 24
 _ml_bf16: Any = None
 
 try:  # the C kernel, built at install where a compiler is found (setup.py)
-    from . import _words16 as _kernel
+    from . import _lowprec as _kernel
 except ImportError:
     _kernel = None
 _KIND = {"f16": 0, "bf16": 1}

@@ -275,7 +275,7 @@ static PyObject *py_reduce(PyObject *self, PyObject *args) {
     if (!has_kind(kind) || op < 0 || op > 3 || k < 1 || rows.len < k * m * 2) {
         PyBuffer_Release(&rows);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "_words16.reduce: bad kind, op or buffer sizes");
+        PyErr_SetString(PyExc_ValueError, "_lowprec.reduce: bad kind, op or buffer sizes");
         return NULL;
     }
     const uint16_t *src = (const uint16_t *)rows.buf;
@@ -301,7 +301,7 @@ static PyObject *py_cast(PyObject *args, int to_wide) {
     if (!has_kind(kind) || dst.len < need) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);
-        PyErr_SetString(PyExc_ValueError, "_words16: bad kind or buffer sizes");
+        PyErr_SetString(PyExc_ValueError, "_lowprec: bad kind or buffer sizes");
         return NULL;
     }
 #ifdef W16_X86
@@ -347,12 +347,12 @@ static PyObject *py_select(PyObject *self, PyObject *args) {
         isa_avx2 = 0;
     } else if (strcmp(name, "avx2+f16c") == 0) {
         if (!cpu_has_avx2()) {
-            PyErr_SetString(PyExc_ValueError, "_words16.select: this CPU (or OS) lacks AVX2 or F16C");
+            PyErr_SetString(PyExc_ValueError, "_lowprec.select: this CPU (or OS) lacks AVX2 or F16C");
             return NULL;
         }
         isa_avx2 = 1;
     } else {
-        PyErr_Format(PyExc_ValueError, "_words16.select: %R is not 'auto', 'portable' or 'avx2+f16c'",
+        PyErr_Format(PyExc_ValueError, "_lowprec.select: %R is not 'auto', 'portable' or 'avx2+f16c'",
                      PyTuple_GET_ITEM(args, 0));
         return NULL;
     }
@@ -370,9 +370,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_words16", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lowprec", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__words16(void) {
+PyMODINIT_FUNC PyInit__lowprec(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (set_facts(m) < 0) {
