@@ -123,50 +123,23 @@ def prepare(cmd: Command) -> None:
     if cmd.backend_for_cpu == "mpidist" and importlib.util.find_spec("torch") is None:
         problem = "--backend-for-cpu mpidist needs torch (pip install 'mpidist[torch]')"
     torchrun_env.agree(problem, MPI.COMM_WORLD)
-    hosted = MPI.COMM_WORLD.bcast(hosts_store() if MPI.COMM_WORLD.Get_rank() == 0 else None, 0)
-    if hosted:  # every rank imports torch for its part in mpi_store
+    # rank 0 serves the script's store where torch is installed (rendezvous.serve_env_store)
+    hosted = MPI.COMM_WORLD.bcast(importlib.util.find_spec("torch") is not None
+                                  if MPI.COMM_WORLD.Get_rank() == 0 else None, 0)
+    if hosted:  # every rank imports torch for its part in the store
         torchrun_env.agree(None if importlib.util.find_spec("torch") else "torch is not installed on this "
                            "rank, but on rank 0 (pip install 'mpidist[torch]')", MPI.COMM_WORLD)
     # before torch is imported: it reads OMP_NUM_THREADS when it loads
     torchrun_env.export(torchrun_env.torchrun_environment(MPI.COMM_WORLD, hosted=hosted))
     if hosted:
-        serve_store()
+        from .torch import rendezvous
+
+        rendezvous.serve_env_store(call=CALL)
     if cmd.backend_for_cpu == "mpidist":
         from .torch import start
 
         start.map_cpu_backend_to_mpidist()
     failure.install_for_torch()
-
-
-def hosts_store() -> bool:
-    """Whether rank 0 serves the script's store itself: torch is installed and no ``MASTER_PORT`` is set.
-
-    A ``MASTER_PORT`` set by hand is kept, and torch's own server then listens on it (on every
-    interface: torch binds ``[::]`` whatever ``MASTER_ADDR`` says).
-    """
-    return not os.environ.get("MASTER_PORT", "").strip() and importlib.util.find_spec("torch") is not None
-
-
-_store = None  # rank 0's TCPStore server, alive as long as the script (torchrun's agent store)
-
-
-def serve_store() -> None:
-    """Start the script's store on rank 0, bound to one address, and set ``MASTER_ADDR``/``MASTER_PORT``.
-
-    Collective over ``MPI_COMM_WORLD``. The store is :func:`mpidist.torch.rendezvous.mpi_store`'s
-    (``127.0.0.1`` on one node; across nodes the one address every node reached). With
-    ``TORCHELASTIC_USE_AGENT_STORE=True`` the script's ``env://`` rendezvous connects to it
-    from every rank, rank 0 included, as under torchrun.
-    """
-    global _store
-    from datetime import timedelta
-
-    from .torch import rendezvous
-
-    store = rendezvous.mpi_store(timedelta(minutes=30))
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = store.host, str(store.port)
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        _store = store  # the other ranks' clients close: the script connects its own
 
 
 def execute(cmd: Command) -> None:

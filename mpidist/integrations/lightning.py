@@ -34,7 +34,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(the `lightning` package)") from exc
 
 from ..core import errors
-from ..start import launcher, torchrun_env
+from ..start import launcher
+from ..torch import rendezvous
 
 CALL = "MpidistEnvironment"
 log = logging.getLogger(__name__)
@@ -66,9 +67,16 @@ class MpidistEnvironment(ClusterEnvironment):
     ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` for the node layout, ``MPI_Allgather`` of
     the ranks per node). Global rank and world size are MPI's; local rank and node rank
     come from the shared-memory split, never from launcher variables, so it is right under
-    ``mpiexec``/``mpirun``, ``srun --mpi=pmi2`` and ``sbatch`` + ``mpiexec`` alike. The
-    rendezvous address and port are rank 0's, agreed over MPI as ``mpidist.run`` agrees
-    them (:func:`mpidist.start.torchrun_env.master_address`). Refuses the singleton trap.
+    ``mpiexec``/``mpirun``, ``srun --mpi=pmi2`` and ``sbatch`` + ``mpiexec`` alike. Refuses
+    the singleton trap.
+
+    The first read of :attr:`main_address` or :attr:`main_port` (collective, on every rank:
+    Lightning reads them just before ``init_process_group``) serves the store as ``mpidist.run``
+    does (:func:`mpidist.torch.rendezvous.serve_env_store`): rank 0 starts it on one address
+    (``127.0.0.1`` on one node) and ``TORCHELASTIC_USE_AGENT_STORE=True`` makes torch's
+    ``env://`` rendezvous connect to it from every rank, so no rank starts torch's own server,
+    which listens on every interface. A ``MASTER_PORT`` set by hand is kept, and torch's own
+    server then runs.
     """
 
     def __init__(self) -> None:
@@ -78,7 +86,7 @@ class MpidistEnvironment(ClusterEnvironment):
         self._local_rank, self._local_size, self._node_rank, self._num_nodes = launcher.node_layout(comm)
         per_rank = comm.allgather((self._node_rank, self._local_size))
         self._ranks_per_node = [size for _, size in sorted(dict(per_rank).items())]
-        self._address: tuple[str, str] | None = None
+        self._address: tuple[str, int] | None = None
 
     @property
     def ranks_per_node(self) -> list[int]:
@@ -95,21 +103,20 @@ class MpidistEnvironment(ClusterEnvironment):
         """``True``: the MPI launcher started every rank."""
         return True
 
-    def _rendezvous(self) -> tuple[str, str]:
+    def _rendezvous(self) -> tuple[str, int]:
         if self._address is None:  # collective: Lightning reads both on every rank, in the same order
-            self._address = torchrun_env.master_address(self._comm, self._local_rank, self._num_nodes == 1,
-                                                        CALL)
+            self._address = rendezvous.serve_env_store(call=CALL)
         return self._address
 
     @property
     def main_address(self) -> str:
-        """Rank 0's address (``127.0.0.1`` on one node), the same on every rank."""
+        """The address of the store rank 0 serves (``127.0.0.1`` on one node), the same on every rank."""
         return self._rendezvous()[0]
 
     @property
     def main_port(self) -> int:
-        """A port that was free on rank 0, the same on every rank."""
-        return int(self._rendezvous()[1])
+        """The port of the store rank 0 serves, the same on every rank."""
+        return self._rendezvous()[1]
 
     @staticmethod
     def detect() -> bool:

@@ -21,9 +21,10 @@ What is set, against what ``torchrun --nproc-per-node N`` sets:
 ``TORCHELASTIC_RUN_ID``                   one id for the job (``is_torchelastic_launched()``)
 ``TORCHELASTIC_RESTART_COUNT``,           ``0``: MPI jobs are not restarted
 ``TORCHELASTIC_MAX_RESTARTS``
-``TORCHELASTIC_USE_AGENT_STORE``          ``True`` under ``python -m mpidist.run``, as
-                                          torchrun: rank 0 serves the store before the
-                                          script runs (``hosted``); ``False`` otherwise
+``TORCHELASTIC_USE_AGENT_STORE``          ``True`` where rank 0 serves the store itself, as
+                                          torchrun's agent (``hosted``: ``mpidist.run``,
+                                          ``use_for_cpu``, the Lightning environment), unless
+                                          ``MASTER_PORT`` was set by hand; ``False`` otherwise
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING``       ``1`` unless set, as torchrun
 ``OMP_NUM_THREADS``                       ``1`` when a node has several ranks, unless set,
                                           as torchrun
@@ -231,8 +232,9 @@ def master_address(comm: MPI.Intracomm, local_rank: int, single_node: bool, call
     While the nodes probe, rank 0 listens on loopback (one node) or on each candidate's
     address (``MASTER_ADDR``'s alone when set), never on every interface; it stops when the
     choice is made. The store that later binds the port is the caller's: torch's own
-    ``TCPStore`` server binds every interface (``[::]``), which is why ``python -m mpidist.run``
-    hosts the store itself, on the one address (:func:`torchrun_environment`'s ``hosted``).
+    ``TCPStore`` server binds every interface (``[::]``), which is why mpidist's entry points host
+    the store themselves, on the one address (:func:`torchrun_environment`'s ``hosted``,
+    :func:`mpidist.torch.rendezvous.serve_env_store`).
     """
     rank = comm.Get_rank()
     given = (os.environ.get("MASTER_ADDR", "").strip(), os.environ.get("MASTER_PORT", "").strip())

@@ -5,9 +5,11 @@ launcher all of it follows from MPI: :func:`install` wraps torch's ``env://`` ha
 that, when ``MASTER_ADDR``/``MASTER_PORT`` are not set, rank 0 starts a ``TCPStore`` on a
 free port and broadcasts its address with ``MPI_Bcast``. The store has no authentication, so it
 listens on loopback when the job is on one node and on the one address of rank 0's host that the
-other nodes reach otherwise, never on every interface (:func:`mpi_store`). Rank and size come from
-``MPI_COMM_WORLD``; a ``RANK``/``WORLD_SIZE`` (variable or argument) that disagrees with
-MPI raises ``ValueError``, in a job of several ranks on every rank at once (also when the
+other nodes reach otherwise, never on every interface (:func:`mpi_store`). Where a library sets
+up ``env://`` itself (``python -m mpidist.run``, :func:`mpidist.torch.use_for_cpu`, Lightning),
+:func:`serve_env_store` serves that store before it starts, as torchrun's agent does. Rank and
+size come from ``MPI_COMM_WORLD``; a ``RANK``/``WORLD_SIZE`` (variable or argument) that disagrees
+with MPI raises ``ValueError``, in a job of several ranks on every rank at once (also when the
 variables are set: then torch's own handler runs after the check).
 """
 
@@ -112,7 +114,7 @@ def _node_facts(comm: MPI.Intracomm) -> tuple[bool, bool]:
         node.Free()
 
 
-def _candidates() -> list[tuple[str, str]]:
+def _candidates(call: str = CALL) -> list[tuple[str, str]]:
     """Rank 0's ``(name to advertise, IPv4 address to bind)`` pairs for a job across nodes.
 
     ``MASTER_ADDR`` alone when set; otherwise every interface address, then the host's name
@@ -126,7 +128,7 @@ def _candidates() -> list[tuple[str, str]]:
         address = netaddr.ipv4_of(given)
         if address is None or ipaddress.ip_address(address).is_loopback:
             raise errors.runtime_error(
-                CALL, f"MASTER_ADDR={given!r} resolves to {address or 'no IPv4 address'} on rank 0's host "
+                call, f"MASTER_ADDR={given!r} resolves to {address or 'no IPv4 address'} on rank 0's host "
                 f"{here}, which the other nodes cannot reach; set MASTER_ADDR to an address of an interface "
                 "they share (or unset it: rank 0 then finds one)")
         return [(given, address)]
@@ -138,12 +140,12 @@ def _candidates() -> list[tuple[str, str]]:
         found.append((name, address))
     if not found:
         raise errors.runtime_error(
-            CALL, f"rank 0's host {here} has no IPv4 address other than loopback for the ranks on the other "
+            call, f"rank 0's host {here} has no IPv4 address other than loopback for the ranks on the other "
                   "nodes; set MASTER_ADDR to one they can reach")
     return found
 
 
-def _choose(offer: list[tuple[str, str, int]], reports: list[Any]) -> int:
+def _choose(offer: list[tuple[str, str, int]], reports: list[Any], call: str = CALL) -> int:
     """The offered address every node reaches, directly where possible; ``RuntimeError`` when none.
 
     ``reports`` holds, from one rank per node other than rank 0's, ``(host, scores)`` as
@@ -158,11 +160,11 @@ def _choose(offer: list[tuple[str, str, int]], reports: list[Any]) -> int:
     seen = "; ".join(f"{host} reached {[offer[i][0] for i, s in enumerate(scores) if s] or 'none'}"
                      for host, scores in reports)
     raise errors.runtime_error(
-        CALL, f"no address of rank 0's host {socket.gethostname()} ({[o[0] for o in offer]}) is reached from "
+        call, f"no address of rank 0's host {socket.gethostname()} ({[o[0] for o in offer]}) is reached from "
         f"every node ({seen}); set MASTER_ADDR to an address of rank 0's host that the other nodes can reach")
 
 
-def mpi_store(timeout: timedelta) -> Any:
+def mpi_store(timeout: timedelta, call: str = CALL) -> Any:
     """A ``TCPStore`` served by rank 0 on a free port, its address sent by ``MPI_Bcast``.
 
     Collective over ``MPI_COMM_WORLD``; every rank gets its client of the store, or the same
@@ -193,13 +195,13 @@ def mpi_store(timeout: timedelta) -> Any:
     offer: list[tuple[str, str, int]] | None = None
     if me == 0:
         try:
-            pairs = [("127.0.0.1", "127.0.0.1")] if single else _candidates()
+            pairs = [("127.0.0.1", "127.0.0.1")] if single else _candidates(call)
             for name, address in pairs:
                 try:
                     listeners.append(netaddr.listener(address))
                 except OSError as exc:
                     raise errors.runtime_error(
-                        CALL, f"rank 0 cannot listen on {address} ({name}) on its host "
+                        call, f"rank 0 cannot listen on {address} ({name}) on its host "
                         f"{socket.gethostname()}: {exc}; MASTER_ADDR, when set, must be an address of "
                         "rank 0's host") from exc
             offer = [(name, address, s.getsockname()[1]) for (name, address), s in zip(pairs, listeners)]
@@ -215,7 +217,7 @@ def mpi_store(timeout: timedelta) -> Any:
     if me == 0:
         try:
             if error is None:
-                index = _choose(offer, reports)
+                index = _choose(offer, reports, call)
                 name, _, port = offer[index]
                 # torch's store takes the socket over and closes it: it must not be closed here too
                 fd = listeners.pop(index).detach()
@@ -234,9 +236,49 @@ def mpi_store(timeout: timedelta) -> Any:
         return store
     chosen, failed = comm.bcast(None, 0)
     if chosen is None:
-        raise errors.runtime_error(CALL, f"rank 0 could not start the TCPStore: {failed or 'see its error'}")
+        raise errors.runtime_error(call, f"rank 0 could not start the TCPStore: {failed or 'see its error'}")
     name, port = chosen
     return TCPStore(name, port, size, False, timeout=timeout)
+
+
+_served: Any = None  # rank 0's store from serve_env_store, alive with the process (torchrun's agent store)
+_served_port: str | None = None  # the MASTER_PORT serve_env_store set last (every rank): not one set by hand
+
+
+def serve_env_store(timeout: timedelta = timedelta(minutes=30), call: str = CALL) -> tuple[str, int]:
+    """Serve torch's ``env://`` store from rank 0 on one address, as torchrun's agent does; ``(host, port)``.
+
+    Collective over ``MPI_COMM_WORLD``; every rank gets the same address and port, also in
+    ``MASTER_ADDR``/``MASTER_PORT``. What ``python -m mpidist.run``, :func:`mpidist.torch.use_for_cpu`
+    and Lightning's :class:`~mpidist.integrations.lightning.MpidistEnvironment` do before
+    torch.distributed starts. Rank 0 starts :func:`mpi_store`'s ``TCPStore`` (``127.0.0.1`` on one
+    node; across nodes the one address every node reached) and keeps it for the life of the
+    process; ``TORCHELASTIC_USE_AGENT_STORE=True`` then makes torch's ``env://`` rendezvous
+    connect to it from every rank, rank 0 included, instead of starting its own server, which
+    listens on every interface (``[::]``) whatever ``MASTER_ADDR`` says. A later call serves a
+    new store in place of this process's earlier one (torch.distributed must not be up then).
+
+    A ``MASTER_PORT`` set by hand on rank 0 is kept: nothing is served, the address is agreed as
+    :func:`mpidist.start.torchrun_env.master_address` agrees it, ``TORCHELASTIC_USE_AGENT_STORE``
+    is ``False`` and torch's own server starts on rank 0, on every interface, as under plain
+    ``env://``.
+    """
+    global _served, _served_port
+    from ..start import launcher, torchrun_env
+
+    comm = MPI.COMM_WORLD
+    port = os.environ.get("MASTER_PORT", "").strip()
+    by_hand = comm.bcast(bool(port) and port != _served_port if comm.Get_rank() == 0 else None, 0)
+    if by_hand:
+        local_rank, _, _, num_nodes = launcher.node_layout(comm)
+        host, port = torchrun_env.master_address(comm, local_rank, num_nodes == 1, call)
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="False")
+        return host, int(port)
+    store = mpi_store(timeout, call)
+    _served = store if comm.Get_rank() == 0 else None  # other ranks' clients close: torch connects its own
+    _served_port = str(store.port)
+    os.environ.update(MASTER_ADDR=store.host, MASTER_PORT=_served_port, TORCHELASTIC_USE_AGENT_STORE="True")
+    return store.host, store.port
 
 
 def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:

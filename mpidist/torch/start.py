@@ -40,6 +40,7 @@ from ..checks import failure
 from ..core import errors
 from ..start import launcher, torchrun_env
 from . import backend as _backend
+from . import rendezvous
 
 CALL = "init_distributed_mode"
 USE_FOR_CPU = "use_for_cpu"
@@ -191,10 +192,15 @@ def use_for_cpu() -> None:
     - refuses the singleton trap (the launcher started several processes, MPI sees a world
       of one);
     - sets torchrun's variables from MPI (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-      ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` agreed over MPI, ...;
-      see :mod:`mpidist.start.torchrun_env`), so that a library that reads them (accelerate,
-      Lightning's ``TorchElasticEnvironment``) sees MPI's layout, not Slurm's or none; a value
-      already set that contradicts MPI makes every rank raise ``RuntimeError``;
+      ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ...; see :mod:`mpidist.start.torchrun_env`), so that
+      a library that reads them (accelerate, Lightning's ``TorchElasticEnvironment``) sees MPI's
+      layout, not Slurm's or none; a value already set that contradicts MPI makes every rank
+      raise ``RuntimeError``;
+    - serves the store from rank 0 on one address (``127.0.0.1`` on one node) and sets
+      ``MASTER_ADDR``/``MASTER_PORT`` to it with ``TORCHELASTIC_USE_AGENT_STORE=True``, so that
+      the library's ``env://`` rendezvous connects to it instead of starting torch's own server
+      on every interface (:func:`mpidist.torch.rendezvous.serve_env_store`; a ``MASTER_PORT``
+      set by hand is kept, and torch's own server then runs);
     - makes ``init_process_group("gloo")`` (and gloo's part of ``"cpu:gloo,cuda:nccl"``, and
       an unnamed backend on a CPU-only host) run on ``"mpidist"``
       (:func:`map_cpu_backend_to_mpidist`); rank 0 says so in one line at init;
@@ -218,7 +224,8 @@ def use_for_cpu() -> None:
             "call use_for_cpu() before anything starts it")
     launcher.check_not_singleton_trap(USE_FOR_CPU)
     comm = MPI.COMM_WORLD
-    torchrun_env.export(torchrun_env.torchrun_environment(comm, USE_FOR_CPU))
+    torchrun_env.export(torchrun_env.torchrun_environment(comm, USE_FOR_CPU, hosted=True))
+    rendezvous.serve_env_store(call=USE_FOR_CPU)
     if torch.accelerator.current_accelerator() is None:
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     map_cpu_backend_to_mpidist()

@@ -13,33 +13,17 @@ import textwrap
 
 import pytest
 from launcher import run_mpi
+from listening import PRELUDE
 
 JOB = """
 import os, sys
 import mpidist as dist
 
-def listeners():
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            t = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if t.startswith("socket:["):
-            inodes.add(t[8:-1])
-    out = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in open(table).read().splitlines()[1:]:
-            p = line.split()
-            if p[3] == "0A" and p[9] in inodes:
-                out.add(p[1])
-    return out
-
-before = listeners()
+before = set(listening())
 dist.init_process_group("mpi", init_method=sys.argv[1])
 x = __import__("numpy").ones(2)
 dist.all_reduce(x)
-after = listeners()
+after = set(listening())
 with open(f"{sys.argv[2]}/rank{dist.get_rank()}.txt", "w") as f:
     f.write(repr(sorted(after - before)))
 dist.destroy_process_group()
@@ -65,7 +49,7 @@ def test_init_method_opens_no_listener_and_unpickles_nothing(tmp_path, scheme):
         port = s.getsockname()[1]
     url = f"tcp://127.0.0.1:{port}" if scheme == "tcp" else f"file://{store}"
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(JOB))
+    script.write_text(PRELUDE + textwrap.dedent(JOB))
     proc = run_mpi(2, [str(script), url, str(tmp_path)], timeout=90, env={"TRAP_FILE": str(trap)})
     assert proc.returncode == 0, proc.stderr
     for r in range(2):

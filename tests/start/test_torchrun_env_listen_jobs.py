@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from launcher import run_mpi
+from listening import PRELUDE
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")
 
@@ -24,40 +25,12 @@ import torch
 import torch.distributed as tdist
 
 
-def sockets(pid):
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
-
-
-def listening():
-    # (address, port) of this process's listening TCP sockets, less those it inherited from
-    # the launcher's proxy (its parent: hydra's own socket on 0.0.0.0 is not mpidist's)
-    mine = sockets("self") - sockets(os.getppid())
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in open(table).read().splitlines()[1:]:
-            fields = line.split()
-            address, hex_port = fields[1].rsplit(":", 1)
-            if fields[3] == "0A" and fields[9] in mine:
-                ipv4 = table.endswith("tcp")
-                out.append((socket.inet_ntoa(bytes.fromhex(address)[::-1]) if ipv4 else "ipv6:" + address,
-                            int(hex_port, 16)))
-    return out
-
-
 torch.set_num_threads(1)
 tdist.init_process_group("gloo")
 rank = tdist.get_rank()
 t = torch.ones(1)
 tdist.all_reduce(t)
-result = {"sum": t.item(), "listening": listening(), "host": socket.gethostname(),
+result = {"sum": t.item(), "listening": listening(os.getppid()), "host": socket.gethostname(),
           "env": {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")}}
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
@@ -91,7 +64,7 @@ def _check(results: list[dict], store_address: str) -> None:
 
 def test_on_one_node_the_store_listens_on_loopback_only(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+    script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
     proc = run_mpi(2, ["-m", "mpidist.run", str(script), str(tmp_path)], timeout=240, env=NO_TORCH_VARS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = _results(tmp_path, 2)
@@ -104,7 +77,7 @@ def test_across_nodes_the_store_listens_on_the_address_the_nodes_share(tmp_path,
     from cluster.fixtures import run
 
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+    script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
     # gloo itself would look for the other node by its name; MPI carries the data here
     args = ["-m", "mpidist.run", "--backend-for-cpu", "mpidist", str(script), str(tmp_path)]
     proc = run(cluster2, layout, args, timeout=240, **NO_TORCH_VARS)

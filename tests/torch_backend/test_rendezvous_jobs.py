@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from launcher import run_mpi
+from listening import PRELUDE
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")
 
@@ -27,28 +28,6 @@ import mpidist.torch  # noqa: F401  (the backend and its rendezvous)
 from mpidist.torch import netaddr
 
 
-def listening(port):
-    # the local addresses of this process's listening TCP sockets on `port`
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in open(table).read().splitlines()[1:]:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            address, hex_port = local.rsplit(":", 1)
-            if state == "0A" and inode in inodes and int(hex_port, 16) == port:
-                ipv4 = table.endswith("tcp")
-                out.append(socket.inet_ntoa(bytes.fromhex(address)[::-1]) if ipv4 else "ipv6:" + address)
-    return out
-
-
 torch.set_num_threads(1)
 tdist.init_process_group("mpidist")
 rank, world = tdist.get_rank(), tdist.get_world_size()
@@ -58,7 +37,7 @@ while hasattr(store, "underlying_store"):  # PrefixStore around the TCPStore
 store.set(f"host/{rank}", socket.gethostname())
 result = {"hosts": [store.get(f"host/{r}").decode() for r in range(world)], "port": store.port}
 if rank == 0:
-    result["listening"] = listening(store.port)
+    result["listening"] = [a for a, port in listening() if port == store.port]
     # every address of this host but the one the store is bound to must refuse
     others = ({"127.0.0.1"} | {str(iface.ip) for _, iface in netaddr.interfaces()}) - set(result["listening"])
     refused = {}
@@ -83,7 +62,7 @@ def _results(folder: Path, n: int) -> list[dict]:
 
 def test_on_one_node_the_store_listens_on_loopback_only(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(JOB))
+    script.write_text(PRELUDE + textwrap.dedent(JOB))
     proc = run_mpi(2, [str(script), str(tmp_path)], timeout=240, env=NO_TORCH_VARS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = _results(tmp_path, 2)
@@ -98,7 +77,7 @@ def test_across_nodes_the_store_listens_on_the_address_the_nodes_share(tmp_path,
     from cluster.fixtures import run
 
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(JOB))
+    script.write_text(PRELUDE + textwrap.dedent(JOB))
     proc = run(cluster2, layout, [str(script), str(tmp_path)], timeout=240, **NO_TORCH_VARS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = _results(tmp_path, sum(layout))
