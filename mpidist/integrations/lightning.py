@@ -70,7 +70,7 @@ class MpidistEnvironment(ClusterEnvironment):
     ``mpiexec``/``mpirun``, ``srun --mpi=pmi2`` and ``sbatch`` + ``mpiexec`` alike. Refuses
     the singleton trap.
 
-    The first read of :attr:`main_address` or :attr:`main_port` (collective, on every rank:
+    The first read of ``main_address`` or ``main_port`` (collective, on every rank:
     Lightning reads them just before ``init_process_group``) serves the store as ``mpidist.run``
     does (:func:`mpidist.torch.rendezvous.serve_env_store`): rank 0 starts it on one address
     (``127.0.0.1`` on one node) and ``TORCHELASTIC_USE_AGENT_STORE=True`` makes torch's
