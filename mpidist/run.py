@@ -12,7 +12,9 @@ rank gets the variables torchrun gives its workers (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ...; see :mod:`mpidist.start.torchrun_env`), computed from MPI.
 The script's ``init_process_group("gloo")`` or ``("nccl")`` then rendezvous as under
 torchrun. ``--backend-for-cpu mpidist`` runs the default group's CPU part on mpidist's
-torch backend (MPI) instead of gloo (see :mod:`mpidist.torch.start`).
+torch backend (MPI) instead of gloo and, on a host without an accelerator, sets
+``ACCELERATE_USE_CPU=true`` unless set: the same steps, by the same function, as
+:func:`mpidist.torch.use_for_cpu` (:func:`mpidist.torch.start.prepare_torch`).
 
 As with :func:`mpidist.init_distributed_mode`: a world of one where the launcher started
 several processes is refused (the singleton trap), and once the script runs an uncaught
@@ -44,8 +46,10 @@ ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID.
 
 options:
   --backend-for-cpu gloo     the script's CPU backend is used as written (default)
-  --backend-for-cpu mpidist  a gloo (or unnamed, CPU-only) default group runs on mpidist's
-                             MPI backend instead
+  --backend-for-cpu mpidist  a gloo (or unnamed, on a host without an accelerator) default
+                             group runs on mpidist's MPI backend instead; on a host without an
+                             accelerator ACCELERATE_USE_CPU=true too, unless set (the same as
+                             mpidist.torch.use_for_cpu() in a script)
   -h, --help                 this text
 """
 BACKENDS_FOR_CPU = ("gloo", "mpidist")
@@ -131,15 +135,12 @@ def prepare(cmd: Command) -> None:
                            "rank, but on rank 0 (pip install 'mpidist[torch]')", MPI.COMM_WORLD)
     # before torch is imported: it reads OMP_NUM_THREADS when it loads
     torchrun_env.export(torchrun_env.torchrun_environment(MPI.COMM_WORLD, hosted=hosted))
-    if hosted:
-        from .torch import rendezvous
-
-        rendezvous.serve_env_store(call=CALL)
-    if cmd.backend_for_cpu == "mpidist":
+    if hosted:  # the same steps as mpidist.torch.use_for_cpu() from here on
         from .torch import start
 
-        start.map_cpu_backend_to_mpidist()
-    failure.install_for_torch()
+        start.prepare_torch(CALL, cmd.backend_for_cpu)
+    else:
+        failure.install_for_torch()
 
 
 def execute(cmd: Command) -> None:

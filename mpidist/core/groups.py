@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
+import warnings
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from mpi4py import MPI
 
@@ -26,11 +27,13 @@ class ProcessGroup:
     ``ranks`` lists the members' global ranks, indexed by group rank. ``seq`` counts the
     collectives issued on the group, the same on every member (point-to-point calls, which only
     some make, leave it alone); ``broken`` says why the group can no longer be used (a call
-    timed out, :mod:`mpidist.core.timeouts`), else ``None``.
+    timed out, :mod:`mpidist.core.timeouts`), else ``None``; ``abort_hooks`` are called once,
+    when it breaks or is aborted (torch's ``register_abort_hook``).
     """
 
     __slots__ = ("comm", "ranks", "_rank", "_size", "_to_group", "group_name", "group_desc",
-                 "timeout", "seq", "broken", "_abandoned", "signatures", "lock", "holder", "__weakref__")
+                 "timeout", "seq", "broken", "abort_hooks", "_abandoned", "signatures", "lock", "holder",
+                 "__weakref__")
 
     def __init__(self, comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str,
                  timeout: timedelta | None) -> None:
@@ -44,6 +47,7 @@ class ProcessGroup:
         self.timeout = timeout
         self.seq = 0
         self.broken: str | None = None
+        self.abort_hooks: dict[int, Callable[[], None]] = {}
         self._abandoned: list[Any] = []  # requests and buffers of calls given up on
         self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
         #: held by the thread in a call on the group (:func:`mpidist.core.groups.busy`);
@@ -272,6 +276,18 @@ def free(pg: ProcessGroup) -> None:
             pass  # revoked under ULFM: the group is gone either way
 
 
+def run_abort_hooks(pg: ProcessGroup) -> None:
+    """Call ``pg``'s abort hooks once each, in registration order, before the group goes (a hook
+    captures debug state; one that raises is reported as a warning and the others still run)."""
+    hooks, pg.abort_hooks = pg.abort_hooks, {}
+    for hook_id, hook in hooks.items():
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - the abort goes on whatever a hook does
+            warnings.warn(f"mpidist: abort hook {hook_id} of process group {pg.group_name!r} raised "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+
+
 def break_group(pg: ProcessGroup, abandoned: Any, reason: str | None = None) -> None:
     """Mark ``pg`` unusable after a call on it was given up; keep ``abandoned`` alive.
 
@@ -280,6 +296,7 @@ def break_group(pg: ProcessGroup, abandoned: Any, reason: str | None = None) -> 
     """
     if pg.broken is None:
         pg.broken = reason or f"a call on it timed out (after call #{pg.seq})"
+        run_abort_hooks(pg)
     pg._abandoned.append((pg.comm, abandoned))
     pg.comm = None
     registry.live.pop(id(pg), None)

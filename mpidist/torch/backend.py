@@ -45,6 +45,8 @@ SYNC_BYTES = overlap.from_env()
 
 
 _OPS: dict[Any, ReduceOp] = {}
+_NO_RECONFIGURE = ("the mpidist backend does not support torch's reconfigure API; to go on after a "
+                   "rank dies, use shrink_group under ULFM (docs/survive.md)")
 
 
 def _torch_op(reduce_op: Any) -> ReduceOp:
@@ -287,8 +289,10 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         faults.forget(self.mpi_group)
 
     def abort(self) -> None:
-        """End the group now (torch's ``_abort_process_group``, ``DeviceMesh`` abort): under ULFM
-        the communicator is revoked first, so calls pending on it fail on every member."""
+        """End the group now (torch's ``_abort_process_group``, ``DeviceMesh`` abort): the abort
+        hooks run first; under ULFM the communicator is then revoked, so calls pending on it fail
+        on every member."""
+        groups.run_abort_hooks(self.mpi_group)
         comm = self.mpi_group.comm
         if comm is not None and faults.ENABLED:
             try:
@@ -296,6 +300,48 @@ class MpidistProcessGroup(tdist.ProcessGroup):
             except Exception:  # noqa: BLE001 - already revoked: the end is the same
                 pass
         self.shutdown()
+
+    # torch looks up a group's backend per device (from 2.14 also for a ProcessGroup subclass:
+    # batch_isend_irecv, FSDP's allocator); this group is its own backend on every device
+    def _get_backend(self, device: Any) -> MpidistProcessGroup:
+        return self
+
+    @property
+    def supports_splitting(self) -> bool:
+        """No ``ncclCommSplit``-style eager split: subgroups come from ``MPI_Comm_create_group``."""
+        return False
+
+    @property
+    def supports_coalescing(self) -> bool:
+        """No coalescing manager: ``batch_isend_irecv`` issues each operation as it comes."""
+        return False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        """No backend-owned memory: FSDP allocates with ``torch.empty``."""
+        return False
+
+    def register_abort_hook(self, hook_id: int, hook: Callable[[], None]) -> None:
+        """torch 2.14's ``register_abort_hook``: ``hook()`` runs once, before the group goes, when
+        a call on it times out or finds a dead member (the group breaks) or :meth:`abort` is
+        called; a ``hook_id`` already registered is replaced."""
+        self.mpi_group.abort_hooks[int(hook_id)] = hook
+
+    def unregister_abort_hook(self, hook_id: int) -> None:
+        """Drop the hook registered as ``hook_id`` (nothing happens for an unknown id)."""
+        self.mpi_group.abort_hooks.pop(int(hook_id), None)
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        """torch 2.14's ``_supports_reconfigure``: this backend cannot yet be reconfigured."""
+        return False
+
+    def get_reconfigure_handle(self) -> str:
+        """Not supported (:attr:`supports_reconfigure` is false): raises ``RuntimeError``."""
+        raise errors.runtime_error("_get_reconfigure_handle", _NO_RECONFIGURE)
+
+    def reconfigure(self, opts: Any) -> twork.Work:
+        """Not supported (:attr:`supports_reconfigure` is false): raises ``RuntimeError``."""
+        raise errors.runtime_error("_reconfigure", _NO_RECONFIGURE)
 
     @property
     def supports_shrinking(self) -> bool:

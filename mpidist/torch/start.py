@@ -106,10 +106,16 @@ def start_torch_distributed(device: str, local_world_size: int, init_method: str
     return name
 
 
+def has_accelerator() -> bool:
+    """Whether this process has an accelerator to use: what the machine has, not what torch was
+    built for (a CUDA build of torch on a host without a GPU has none)."""
+    return torch.accelerator.current_accelerator(check_available=True) is not None
+
+
 def _mapped(backend: Any) -> Any:
     """gloo's part of a backend string as ``"mpidist"``; an unnamed backend on a CPU-only host too."""
     if backend is None:
-        return _backend.NAME if torch.accelerator.current_accelerator() is None else None
+        return None if has_accelerator() else _backend.NAME
     if not isinstance(backend, str):
         return backend
     if ":" not in backend:
@@ -177,6 +183,24 @@ def map_cpu_backend_to_mpidist() -> Callable[..., Any]:
     return init_process_group
 
 
+def prepare_torch(call: str, backend_for_cpu: str) -> None:
+    """The torch half of what ``mpidist.run`` and :func:`use_for_cpu` do before a script starts
+    torch.distributed, once torchrun's variables are exported (one implementation for both).
+
+    Collective over ``MPI_COMM_WORLD``: rank 0 serves the ``env://`` store
+    (:func:`mpidist.torch.rendezvous.serve_env_store`). With ``backend_for_cpu="mpidist"``, on a
+    host without an accelerator (:func:`has_accelerator`) ``ACCELERATE_USE_CPU=true`` unless set,
+    and :func:`map_cpu_backend_to_mpidist`. Then the job ends when a rank raises uncaught
+    (:func:`mpidist.checks.failure.install_for_torch`).
+    """
+    rendezvous.serve_env_store(call=call)
+    if backend_for_cpu == _backend.NAME:
+        if not has_accelerator():
+            os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+        map_cpu_backend_to_mpidist()
+    failure.install_for_torch()
+
+
 def use_for_cpu() -> None:
     """Run torch.distributed's CPU backend on mpidist: ``--backend-for-cpu mpidist`` inside a script.
 
@@ -186,8 +210,8 @@ def use_for_cpu() -> None:
     torch.distributed, and start the job with ``mpiexec``/``mpirun``/``srun --mpi=pmi2``;
     no launcher variables are needed.
 
-    Collective over ``MPI_COMM_WORLD``. It does, in this process, what ``mpidist.run
-    --backend-for-cpu mpidist`` does before it runs a script:
+    Collective over ``MPI_COMM_WORLD``. It does, in this process, exactly what ``mpidist.run
+    --backend-for-cpu mpidist`` does before it runs a script (the same functions):
 
     - refuses the singleton trap (the launcher started several processes, MPI sees a world
       of one);
@@ -201,13 +225,14 @@ def use_for_cpu() -> None:
       the library's ``env://`` rendezvous connects to it instead of starting torch's own server
       on every interface (:func:`mpidist.torch.rendezvous.serve_env_store`; a ``MASTER_PORT``
       set by hand is kept, and torch's own server then runs);
-    - makes ``init_process_group("gloo")`` (and gloo's part of ``"cpu:gloo,cuda:nccl"``, and
-      an unnamed backend on a CPU-only host) run on ``"mpidist"``
-      (:func:`map_cpu_backend_to_mpidist`); rank 0 says so in one line at init;
-    - on a host without an accelerator, sets ``ACCELERATE_USE_CPU=true`` unless it is set
+    - on a host without an accelerator (:func:`has_accelerator`: what the machine has, so also
+      with a CUDA build of torch and no GPU), sets ``ACCELERATE_USE_CPU=true`` unless it is set
       (what ``accelerate launch --cpu`` sets): accelerate's ``Accelerator`` and the HF
       ``Trainer`` otherwise see ``LOCAL_RANK``, look for a GPU, find none and train one copy
       per rank;
+    - makes ``init_process_group("gloo")`` (and gloo's part of ``"cpu:gloo,cuda:nccl"``, and
+      an unnamed backend on a host without an accelerator) run on ``"mpidist"``
+      (:func:`map_cpu_backend_to_mpidist`); rank 0 says so in one line at init;
     - ends the job when a rank raises uncaught or exits early (``MPI_Abort``), unless
       ``MPIDIST_ABORT_ON_ERROR=0``.
 
@@ -223,10 +248,5 @@ def use_for_cpu() -> None:
             USE_FOR_CPU, f"torch.distributed is already initialised (backend {tdist.get_backend()!r}); "
             "call use_for_cpu() before anything starts it")
     launcher.check_not_singleton_trap(USE_FOR_CPU)
-    comm = MPI.COMM_WORLD
-    torchrun_env.export(torchrun_env.torchrun_environment(comm, USE_FOR_CPU, hosted=True))
-    rendezvous.serve_env_store(call=USE_FOR_CPU)
-    if torch.accelerator.current_accelerator() is None:
-        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
-    map_cpu_backend_to_mpidist()
-    failure.install_for_torch()
+    torchrun_env.export(torchrun_env.torchrun_environment(MPI.COMM_WORLD, USE_FOR_CPU, hosted=True))
+    prepare_torch(USE_FOR_CPU, _backend.NAME)

@@ -167,6 +167,30 @@ def test_torch_backend_raises_past_the_group_timeout(tw, rank, size):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_abort_hooks_run_once_when_a_call_times_out(tw, rank, size):
+    """torch 2.14's ``register_abort_hook``: hooks run before the group goes, once each, in
+    registration order; an unregistered one does not, and one that raises is a warning."""
+    g = tw.new_group(timeout=timedelta(seconds=LIMIT))
+    ran: list[str] = []
+    g.register_abort_hook(1, lambda: ran.append("first"))
+    g.register_abort_hook(2, lambda: ran.append("gone"))
+    g.register_abort_hook(3, lambda: 1 / 0)
+    g.register_abort_hook(4, lambda: ran.append("last"))
+    g.unregister_abort_hook(2)
+    g.unregister_abort_hook(99)  # unknown: nothing happens
+    late = size - 1
+    if rank != late:
+        with pytest.warns(RuntimeWarning, match="abort hook 3 .* raised ZeroDivisionError"):
+            exc, _ = _timed(lambda: tw.barrier(group=g))
+        assert exc is not None and ran == ["first", "last"]
+        _timed(lambda: tw.barrier(group=g))  # broken: raises at once, the hooks do not run again
+        assert ran == ["first", "last"]
+    else:
+        assert ran == []
+    tw.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_torch_barriers_own_timeout_is_kept(tw, rank, size):
     g = tw.new_group()  # the default timeout: only the barrier's own can end the wait
     tw.barrier(group=g, timeout=timedelta(seconds=30))

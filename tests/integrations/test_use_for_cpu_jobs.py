@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from torch_scripts import mpi
 
-pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mpidist[torch]')")
 
 USE_FOR_CPU = """
 import os, torch, torch.distributed as dist
@@ -75,3 +75,41 @@ def test_use_for_cpu_after_init_is_refused():
     r = mpi(2, ["-c", textwrap.dedent(TOO_LATE)], timeout=120)
     errs = [line for line in r.stdout.splitlines() if line.startswith("ERR")]
     assert len(errs) == 2 and all("before anything starts it" in e for e in errs), r.stdout + r.stderr
+
+
+# what a script sees after either route: the variables the routes set, and the backend an
+# init_process_group() that names none gets
+ROUTE_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+{prelude}
+dist.init_process_group()
+t = torch.ones(1)
+dist.all_reduce(t)
+keys = ("ACCELERATE_USE_CPU", "TORCHELASTIC_USE_AGENT_STORE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
+print("ROUTE", dist.get_backend(), int(t[0]), torch.accelerator.is_available(),
+      [(k, os.environ.get(k)) for k in keys], flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_run_and_use_for_cpu_set_the_same(tmp_path):
+    """``mpidist.run --backend-for-cpu mpidist`` and ``use_for_cpu()`` are one implementation: an
+    unnamed backend runs on mpidist on a host without an accelerator (also on a CUDA build of
+    torch there), and both leave the script the same variables, ACCELERATE_USE_CPU among them."""
+    script = tmp_path / "route.py"
+    script.write_text(textwrap.dedent(ROUTE_SCRIPT.format(prelude="")))
+    inline = textwrap.dedent(ROUTE_SCRIPT.format(prelude="import mpidist.torch; mpidist.torch.use_for_cpu()"))
+    runs = {"run": mpi(2, ["-m", "mpidist.run", "--backend-for-cpu", "mpidist", str(script)], timeout=180),
+            "use_for_cpu": mpi(2, ["-c", inline], timeout=180)}
+    seen = {}
+    for route, r in runs.items():
+        assert r.returncode == 0, f"{route}: {r.stderr[-3000:]}"
+        seen[route] = sorted(line for line in r.stdout.splitlines() if line.startswith("ROUTE"))
+        assert len(seen[route]) == 2, r.stdout
+        said = [x for x in r.stderr.splitlines() if x.startswith("no backend requested on a host without")]
+        if not torch.accelerator.is_available():
+            assert len(said) == 1, r.stderr[-3000:]
+            assert all(line.startswith("ROUTE mpidist 2 False") for line in seen[route])
+            assert all("('ACCELERATE_USE_CPU', 'true')" in line for line in seen[route])
+    assert seen["run"] == seen["use_for_cpu"]

@@ -376,3 +376,24 @@ def test_backend_name_and_mpidist_world_coexist(tw, dist, me, n):
     t = np.full(2, float(me))
     dist.all_reduce(t)  # mpidist's own world, next to torch's default group
     np.testing.assert_array_equal(t, np.full(2, float(sum(range(n)))))
+
+
+@pytest.mark.mpi
+def test_abort_runs_the_abort_hooks_and_reconfigure_is_refused(tw, me, n):
+    """What torch 2.14's fault-tolerance queries get: abort hooks on ``abort``, and a truthful
+    "no" to reconfigure (``_supports_reconfigure`` false, the handle and the call refused)."""
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    g = tw.new_group(list(range(n)))
+    ran: list[int] = []
+    g.register_abort_hook(7, lambda: ran.append(me))
+    assert g.supports_reconfigure is False
+    if hasattr(tw, "_supports_reconfigure"):  # torch >= 2.14
+        assert tw._supports_reconfigure(g) is False
+        with pytest.raises(RuntimeError, match="does not support torch's reconfigure API"):
+            tw._get_reconfigure_handle(g)
+    with pytest.raises(RuntimeError, match="does not support torch's reconfigure API"):
+        g.reconfigure(None)
+    _abort_process_group(g)
+    assert ran == [me]
+    tw.barrier()
