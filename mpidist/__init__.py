@@ -43,9 +43,9 @@ from .calls.ops import ReduceOp, make_premul_sum, reduce_op, supports_complex
 from .calls.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .checks.debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .checks.monitor import monitored_barrier
+from .core.concurrency import ConcurrentCallError
 from .core.faults import ProcessFailureError
 from .core.groups import (
-    ConcurrentCallError,
     GroupMember,
     ProcessGroup,
     get_global_rank,

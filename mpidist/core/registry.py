@@ -129,7 +129,7 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
     """A function with ``body``'s exact signature that checks the hook, then runs ``body``; where
     the call names a group, a group this rank is not in makes it return (:func:`absent`), as
     torch's calls do, and the call holds the group's thread lock while it runs
-    (:func:`mpidist.core.groups.busy`: a second thread that enters a call on it raises). A call
+    (:func:`mpidist.core.concurrency.busy`: a second thread that enters a call on it raises). A call
     that is not hooked (point to point, which pays for every frame) makes the member check
     itself: ``if group is NON_GROUP_MEMBER: return absent(call)``.
 
@@ -146,7 +146,7 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
             defaults[f"_d_{p.name}"] = p.default
             params.append(f"{p.name}=_d_{p.name}")
         names.append(p.name)
-    from . import groups  # MPI is up by the time calls are declared
+    from . import concurrency, groups  # MPI is up by the time calls are declared
     from .errors import NotAMemberError
 
     args = ", ".join(names)
@@ -170,7 +170,7 @@ def _entry(body: Callable[..., Any], call: Call) -> Callable[..., Any]:
         lines += ["  finally:", "    if _lock is not None:", "      _lock.release()"]
     src = "\n".join(lines) + "\n"
     scope: dict[str, Any] = {"_hook": hook(), "_call": call, "_body": body, "_NotMember": NotAMemberError,
-                             "_absent": absent, "_groups": groups.registry, "_busy": groups.busy,
+                             "_absent": absent, "_groups": groups.registry, "_busy": concurrency.busy,
                              "_ident": threading.get_ident, **defaults}
     _SCOPES.append(scope)
     exec(compile(src, f"<mpidist.core.registry {body.__name__}>", "exec"), scope)  # noqa: S102

