@@ -7,6 +7,9 @@ Python, ``.venv-openmpi/bin/python benchmarks/survive.py``):
   death to ``ProcessFailureError`` on each survivor (each job once, ``--jobs`` jobs);
 * recovery: ``torch.distributed.shrink_group`` plus a new DDP on the survivors, and the first
   steps after it, against the steps of a fresh job of the survivors' size (10 M parameters);
+* healing (``--spares``): the same job with one spare (``MPIDIST_SPARES=1``): from the death to
+  the full-size group (``mpidist.torch.heal`` returned on every survivor), to DDP rebuilt with the
+  newcomer caught up, and the first steps after it against the steps before the death;
 * the fast path: 8 B and 1 MiB ``all_reduce`` (mpidist and raw mpi4py) in jobs started with and
   without ``--with-ft ulfm``, alternated, medians.
 
@@ -94,6 +97,50 @@ if failure is not None:
         print("AFTER", me, step(), flush=True)
 """
 
+HEAL = """
+import os, sys, time, gc
+import mpidist  # MPI_Init before torch's import (docs/survive.md: the detector's start-up race)
+import torch, torch.distributed as tdist
+import mpidist.torch
+from mpidist.training.recovery import catch_up, process_failure
+torch.set_num_threads(1)
+torch.manual_seed(0)
+net = torch.nn.Sequential(*[torch.nn.Linear({width}, {width}) for _ in range({layers})])
+x = torch.randn(8, {width})
+tdist.init_process_group("mpidist")  # a spare waits here, with torch and its model ready
+me = tdist.get_rank()
+if mpidist.is_newcomer():
+    catch_up(net)
+model = torch.nn.parallel.DistributedDataParallel(net)
+def step():
+    t = time.perf_counter()
+    model(x).sum().backward()
+    return time.perf_counter() - t
+if not mpidist.is_newcomer():
+    for i in range(3):
+        step()
+    try:
+        for i in range({steps}):
+            print("STEP", me, step(), flush=True)
+        if me == tdist.get_world_size() - 1:
+            print("DIED", time.time(), flush=True)
+            os._exit(1)
+        for i in range(1000):
+            step()
+        failure = None
+    except Exception as exc:
+        failure = process_failure(exc)
+    del model
+    gc.collect()
+    mpidist.torch.heal()
+    print("HEALED", me, time.time(), flush=True)
+    catch_up(net)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    print("READY", me, time.time(), flush=True)
+for i in range({steps}):
+    print("AFTER", me, step(), flush=True)
+"""
+
 FAST = """
 import time
 import numpy as np
@@ -119,14 +166,15 @@ for size in (1, 131072):
 """
 
 
-def job(n: int, body: str, ft: bool, detector: tuple[float, float], timeout: float = 300) -> str:
+def job(n: int, body: str, ft: bool, detector: tuple[float, float], timeout: float = 300,
+        env: dict[str, str] | None = None) -> str:
     script = Path(os.environ.get("TMPDIR", "/tmp")) / f"mpidist-survive-{os.getpid()}.py"
     script.write_text(textwrap.dedent(body))
     flags = (OPENMPI_FLAGS.split() + detector_flags(*detector).split()) if ft else []
     cmd = [str(BIN / "mpiexec"), *flags, "-n", str(n), sys.executable, str(script)]
     for start in range(1, STARTS + 1):  # Open MPI's start-up race (faults.STARTS): start again
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, **ENV}, start_new_session=True) as proc:
+                              env={**os.environ, **ENV, **(env or {})}, start_new_session=True) as proc:
             try:
                 out, err = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:  # the launcher and every rank it started
@@ -147,6 +195,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--spares", action="store_true", help="only the healing jobs (n ranks + 1 spare)")
     ap.add_argument("--detector", default=f"{FAST_DETECTOR[0]},{FAST_DETECTOR[1]}", help="period,timeout (s)")
     args = ap.parse_args()
     det = tuple(float(v) for v in args.detector.split(","))
@@ -154,6 +203,10 @@ def main() -> None:
     width, layers, steps, reps = (64, 2, 3, 5) if args.quick else (1024, 10, 10, 50)
     result: dict = {"n": args.n, "detector": det, "detection_s": [], "recovery": [], "fast": {}}
 
+    shape = {"width": width, "layers": layers, "steps": steps}
+    if args.spares:
+        heal(args.n, jobs, shape, det)
+        return
     for _ in range(jobs):
         out = job(args.n, DETECT, True, det)
         died = [float(r[0]) for r in rows(out, "DIED")]
@@ -161,7 +214,6 @@ def main() -> None:
         if died and raised:
             result["detection_s"].append(max(raised) - died[0])
 
-    shape = {"width": width, "layers": layers, "steps": steps}
     fresh = job(args.n - 1, RECOVER.format(kill=False, **shape), False, det, 600)
     result["fresh_step_s"] = statistics.median(float(r[1]) for r in rows(fresh, "STEP"))
     for _ in range(jobs):
@@ -189,6 +241,30 @@ def main() -> None:
               f"(fresh {args.n - 1}-rank job: {result['fresh_step_s'] * 1e3:.2f} ms)")
     for key, ts in sorted(result["fast"].items()):
         print(f"{key:32s} {statistics.median(ts) * 1e6:9.2f} us  ({len(ts)} jobs)")
+
+
+def heal(n: int, jobs: int, shape: dict, det: tuple[float, float]) -> None:
+    """``n`` ranks and a spare; the last rank dies after the steps before: the healing's times."""
+    found = []
+    for _ in range(jobs):
+        out = job(n + 1, HEAL.format(**shape), True, det, 600, {"MPIDIST_SPARES": "1"})
+        died = [float(r[0]) for r in rows(out, "DIED")]
+        healed = [float(r[1]) for r in rows(out, "HEALED")]
+        ready = [float(r[1]) for r in rows(out, "READY")]
+        before = [float(r[1]) for r in rows(out, "STEP")]
+        after = {}
+        for r in rows(out, "AFTER"):
+            after.setdefault(r[0], []).append(float(r[1]))
+        if died and healed and ready and after:
+            first = max(a[0] for a in after.values())
+            found.append({"group_s": max(healed) - died[0], "ready_s": max(ready) - died[0],
+                          "first_step_s": first, "step_s": statistics.median(before)})
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "heal.json").write_text(json.dumps(found, indent=1))
+    for r in found:
+        print(f"heal ({n} + 1 spare): full-size group {r['group_s']:.2f} s after the death, DDP with the "
+              f"newcomer caught up {r['ready_s']:.2f} s; first step {r['first_step_s'] * 1e3:.2f} ms = "
+              f"{r['first_step_s'] / r['step_s']:.2f}x a step before ({r['step_s'] * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,16 @@ Start it so that a dead rank raises instead of ending the job (Open MPI 5 with U
 
 ``--kill RANK:STEP`` makes that rank SIGKILL itself at that step (``RANK:STEP:backward``: in the
 middle of the step's backward, ``:exit``: ``os._exit`` instead of SIGKILL), so that the
-recovery can be watched. Every survivor catches the failure, shrinks the world
-(``torch.distributed.shrink_group``), rebuilds DDP on it (the new rank 0's parameters are
-broadcast), shards the rest of the epoch over the survivors and trains on.
+recovery can be watched. Every survivor catches the failure and then:
+
+- in a job started with spares (``MPIDIST_SPARES=1``, one more process: ``-x MPIDIST_SPARES=1
+  -n 5``), heals the world back to its size (``mpidist.torch.heal``): a spare takes the dead
+  rank's place and starts this script, which builds the model and DDP as at the start and takes
+  the survivors' parameters, optimizer state and position (``catch_up``); the run goes on at full
+  size with the data order of a run never killed;
+- with no spare left, shrinks the world (``torch.distributed.shrink_group``), rebuilds DDP on it
+  (the new rank 0's parameters are broadcast), shards the rest of the epoch over the survivors
+  and trains on.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import signal
 import time
 import weakref
 
-import mpidist  # noqa: F401  (first: MPI_Init before torch's import, see docs/survive.md)
+import mpidist  # first: MPI_Init before torch's import, see docs/survive.md
 
 # isort: split
 import torch
@@ -30,7 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import mpidist.torch  # noqa: F401  (registers the "mpidist" backend)
-from mpidist.training.recovery import process_failure, resume_sampler
+from mpidist.training.recovery import catch_up, process_failure, resume_sampler
 from mpidist.training.sampler import DistributedSampler
 
 try:
@@ -63,27 +70,34 @@ def main() -> None:
     kills = [killer(k) for k in args.kill or []]
 
     torch.set_num_threads(1)
+    train, _ = data()  # before init_process_group, where a spare waits: it starts warm
     dist.init_process_group("mpidist")
-    me = dist.get_rank()  # the rank at start: --kill names these
-    train, _ = data()
+    me = dist.get_rank()  # the rank at start: --kill names these (a spare takes a dead rank's)
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)))
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=0.9)
     doomed = {"backward": False}
 
     def in_backward(grad: torch.Tensor) -> torch.Tensor:
         if doomed["backward"]:
             die("kill")
         return grad
-    model.module[0].weight.register_hook(in_backward)
+    module[0].weight.register_hook(in_backward)
 
     step, epoch = 0, 0
     sampler = DistributedSampler(train, seed=0, rng="torch")
+    if mpidist.is_newcomer():  # a spare called in: the survivors' state (before DDP, which
+        # broadcasts rank 0's parameters), their step and position, and no kill of its own
+        kills = []
+        state = catch_up(module, opt, step=step, epoch=epoch, position=0)
+        step, epoch = state["step"], state["epoch"]
+        sampler = resume_sampler(sampler, state["position"])
+        print(f"[rank {me}] joined as a spare at step {step}", flush=True)
+    model = DistributedDataParallel(module)
     while epoch < args.epochs:
         sampler.set_epoch(epoch)
         order = sampler.indices()
-        done = 0  # samples of the epoch's order that every rank together has finished
+        done = 0  # samples of the sampler's order that every rank together has finished
         losses = []
         failure = loss = x = y = None
         try:
@@ -118,13 +132,19 @@ def main() -> None:
             if old() is not None:  # still held somewhere: end its reducer (that removes the hooks)
                 old().reducer = old().logger = None
                 gc.collect()
-            dist.shrink_group(failure.failed_ranks)
-            model = DistributedDataParallel(module)  # broadcasts the new rank 0's parameters
+            healed = mpidist.spares_left() > 0
+            if healed:  # the spare builds its DDP and calls catch_up as the survivors do here
+                mpidist.torch.heal()
+                catch_up(module, opt, step=step, epoch=epoch, position=sampler.start + done)
+                model = DistributedDataParallel(module)
+            else:
+                dist.shrink_group(failure.failed_ranks)
+                model = DistributedDataParallel(module)  # broadcasts the new rank 0's parameters
             sampler = resume_sampler(sampler, done)
             print(f"[rank {me}] step {step}: rank(s) {failure.failed_ranks} died; going on as rank "
-                  f"{dist.get_rank()} of {dist.get_world_size()} (recovered in "
-                  f"{(time.monotonic() - t0) * 1e3:.0f} ms)", flush=True)
-            continue  # the rest of this epoch, on the survivors
+                  f"{dist.get_rank()} of {dist.get_world_size()}, {'healed' if healed else 'shrunk'} "
+                  f"(recovered in {(time.monotonic() - t0) * 1e3:.0f} ms)", flush=True)
+            continue  # the rest of this epoch
         sampler = DistributedSampler(train, seed=0, rng="torch")
         epoch += 1
         mean = torch.tensor([sum(losses), len(losses)], dtype=torch.float64)

@@ -53,6 +53,7 @@ from .core.groups import (
     get_process_group_ranks,
     group,
 )
+from .core.job import is_newcomer
 from .core.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from .core.timeouts import GroupTimeoutError
 from .core.topology import (
@@ -64,6 +65,8 @@ from .core.topology import (
     node_ranks,
 )
 from .core.work import Future, Work
+from .start import spares as _spares
+from .start.heal import heal_group, spares_left
 from .start.shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group
 from .start.world import (
     Backend,
@@ -94,13 +97,15 @@ from .training.sampler import DistributedSampler
 
 _make_nccl_premul_sum = make_premul_sum
 _startup.disarm()  # MPI_Init has returned
+_spares.set_aside()  # MPIDIST_SPARES=k: the last k processes wait here until called in
 
 
 __all__ = [
     "DistInfo", "DistributedSampler", "average_gradients", "init_distributed_mode",
     "DebugLevel", "get_debug_level", "monitored_barrier", "set_debug_level", "set_debug_level_from_env",
     "Backend", "ConcurrentCallError", "Future", "GroupMember", "GroupTimeoutError", "ProcessFailureError",
-    "SHRINK_ABORT", "SHRINK_DEFAULT", "shrink_group", "P2POp", "ProcessGroup", "ReduceOp", "Work",
+    "SHRINK_ABORT", "SHRINK_DEFAULT", "shrink_group", "heal_group", "spares_left", "is_newcomer",
+    "P2POp", "ProcessGroup", "ReduceOp", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",

@@ -31,10 +31,9 @@ import runpy
 import sys
 from dataclasses import dataclass, field
 
-from mpi4py import MPI
-
 from .checks import failure
-from .start import launcher, torchrun_env
+from .core import job
+from .start import launcher, spares, torchrun_env
 
 CALL = torchrun_env.CALL
 USAGE = ("usage: python -m mpidist.run [--backend-for-cpu {gloo,mpidist}] "
@@ -120,21 +119,22 @@ def missing(cmd: Command) -> str | None:
 
 
 def prepare(cmd: Command) -> None:
-    """Everything before the script runs. Collective over ``MPI_COMM_WORLD``; raises on every rank."""
+    """Everything before the script runs. Collective over the job; raises on every rank."""
+    spares.park()  # a spare waits here until called in (MPIDIST_SPARES)
     launcher.check_not_singleton_trap(CALL)
-    torchrun_env.agree(missing(cmd), MPI.COMM_WORLD)
+    torchrun_env.agree(missing(cmd), job.world)
     problem = None
     if cmd.backend_for_cpu == "mpidist" and importlib.util.find_spec("torch") is None:
         problem = "--backend-for-cpu mpidist needs torch (pip install 'mpidist[torch]')"
-    torchrun_env.agree(problem, MPI.COMM_WORLD)
+    torchrun_env.agree(problem, job.world)
     # rank 0 serves the script's store where torch is installed (rendezvous.serve_env_store)
-    hosted = MPI.COMM_WORLD.bcast(importlib.util.find_spec("torch") is not None
-                                  if MPI.COMM_WORLD.Get_rank() == 0 else None, 0)
+    hosted = job.world.bcast(importlib.util.find_spec("torch") is not None
+                                  if job.world.Get_rank() == 0 else None, 0)
     if hosted:  # every rank imports torch for its part in the store
         torchrun_env.agree(None if importlib.util.find_spec("torch") else "torch is not installed on this "
-                           "rank, but on rank 0 (pip install 'mpidist[torch]')", MPI.COMM_WORLD)
+                           "rank, but on rank 0 (pip install 'mpidist[torch]')", job.world)
     # before torch is imported: it reads OMP_NUM_THREADS when it loads
-    torchrun_env.export(torchrun_env.torchrun_environment(MPI.COMM_WORLD, hosted=hosted))
+    torchrun_env.export(torchrun_env.torchrun_environment(job.world, hosted=hosted))
     if hosted:  # the same steps as mpidist.torch.use_for_cpu() from here on
         from .torch import start
 

@@ -41,7 +41,7 @@ from slurm import harness  # noqa: E402
 OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_groups.py",
                   "core/test_groups_jobs.py", "calls/test_collectives*.py", "calls/test_reduce_ops.py",
                   "calls/test_p2p.py", "calls/test_objects.py",
-                  "checks/test_failure.py", "survive/test_survive_*.py",
+                  "checks/test_failure.py", "survive/test_survive_*.py", "survive/test_heal_jobs.py",
                   "survive/test_shrink.py", "survive/test_startup_race.py")
 #: Test files that also run with the newest torch (a CUDA build, on the CPU; ``make
 #: venv-torch-newest``): the torch backend's per-call tests, the training helpers, the examples

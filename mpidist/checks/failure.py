@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..core import errors, faults, groups, ranklists, registry, settings
+from ..core import errors, faults, groups, job, ranklists, registry, settings
 from ..core.waiting import Backoff, seconds
 
 _saved: dict[str, Any] = {}
@@ -77,7 +77,7 @@ def abort(text: str, code: int = 1) -> None:
 
 def say(text: str) -> None:
     """Write ``text`` to stderr, every line prefixed with ``[rank N]``, and flush."""
-    rank = MPI.COMM_WORLD.Get_rank()
+    rank = job.world.Get_rank()
     sys.stdout.flush()
     sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n")))
     sys.stderr.flush()
@@ -122,7 +122,7 @@ class ExitWatch:
     """Exit notices between the ranks of a private duplicate of ``MPI_COMM_WORLD``."""
 
     def __init__(self, limit: float, base: MPI.Intracomm | None = None) -> None:
-        self.comm = (base or MPI.COMM_WORLD).Dup()  # collective: every rank installs together
+        self.comm = (base or job.world).Dup()  # collective: every rank installs together
         self.limit = limit
         me, n = self.comm.Get_rank(), self.comm.Get_size()
         self.peers = [r for r in range(n) if r != me]
@@ -270,7 +270,7 @@ def _keep_traceback_hook(exc_type: type[BaseException], exc: BaseException,
 def install_for_torch() -> None:
     """:func:`install` for a job of several ranks (unless ``MPIDIST_ABORT_ON_ERROR=0``), in a
     way that keeps the traceback when torch.distributed wraps ``sys.excepthook``."""
-    if not enabled_by_env() or MPI.COMM_WORLD.Get_size() == 1:
+    if not enabled_by_env() or job.world.Get_size() == 1:
         return
     install()
     keep_traceback()

@@ -22,7 +22,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..core import groups, ranklists
+from ..core import groups, job, ranklists
 
 TAG = 0
 #: Messages sent more than this before this rank's own stall began are from an earlier stall.
@@ -37,7 +37,7 @@ def start(base: MPI.Intracomm | None = None) -> None:
     """Make the roll call's communicator (``MPI_Comm_dup`` of ``base``, by default
     ``MPI_COMM_WORLD``; collective, once per init and after the world shrinks)."""
     old = _comm[:]
-    _comm[:] = [(base or MPI.COMM_WORLD).Dup()]
+    _comm[:] = [(base or job.world).Dup()]
     for comm in old:
         try:
             comm.Free()
@@ -93,7 +93,7 @@ class RollCall:
         """
         if not self.enabled:
             return "who it waits for is unknown (the roll call needs MPI_THREAD_MULTIPLE)"
-        me = MPI.COMM_WORLD.Get_rank()
+        me = job.world.Get_rank()
         peers = [r for r in self.pg.ranks if r != me]
         self.poll()
         while any(r not in self.heard for r in peers) and time.monotonic() < self.sent + grace:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from mpi4py import MPI
 
-from . import cpus, errors
+from . import cpus, errors, job
 
 
 class ProcessGroup:
@@ -227,11 +227,12 @@ def _new(comm: MPI.Intracomm, ranks: Sequence[int], name: str, desc: str | None,
 
 
 def make_world(timeout: timedelta | None, name: str) -> ProcessGroup:
-    """The default group: a duplicate of ``MPI_COMM_WORLD`` (never the user's own handle)."""
+    """The default group: a duplicate of the job's communicator (``MPI_COMM_WORLD`` less any spare
+    ranks, :mod:`mpidist.core.job`; never the user's own handle)."""
     registry.names = {}
     registry.made = 1
     registry.generation += 1
-    comm = MPI.COMM_WORLD.Dup()
+    comm = job.world.Dup()
     registry.hosts = comm.allgather(MPI.Get_processor_name())
     learn_local_rank(comm)
     return _new(comm, range(comm.Get_size()), name or "default_pg", "default_pg", timeout)

@@ -57,6 +57,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "raise glibc's mmap and trim thresholds at init_process_group (mpidist/start/heap.py)"),
     Setting("MPIDIST_CUDA_AWARE", "flag", None,
             "whether MPI reads and writes device memory (unset: ask MPIX_Query_cuda_support)"),
+    Setting("MPIDIST_SPARES", "int", 0,
+            "the last N processes of MPI_COMM_WORLD wait as spares for heal_group (0: none)"),
     Setting("MPIDIST_FLIGHT_RECORDER", "int", 0,
             "calls each rank's flight recorder keeps (0: off)"),
     Setting("MPIDIST_FLIGHT_DIR", "path", ".",

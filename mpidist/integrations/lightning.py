@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import logging
 
-from mpi4py import MPI
-
 try:
     from lightning.fabric.plugins.environments import ClusterEnvironment
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("mpidist.integrations.lightning needs Lightning: pip install 'mpidist[libraries]' "
                       "(the `lightning` package)") from exc
 
-from ..core import errors
+from ..core import errors, job
 from ..start import launcher
 from ..torch import rendezvous
 
@@ -80,7 +78,7 @@ class MpidistEnvironment(ClusterEnvironment):
     """
 
     def __init__(self) -> None:
-        comm = MPI.COMM_WORLD
+        comm = job.world
         launcher.check_not_singleton_trap(CALL)
         self._comm = comm
         self._local_rank, self._local_size, self._node_rank, self._num_nodes = launcher.node_layout(comm)
@@ -121,7 +119,7 @@ class MpidistEnvironment(ClusterEnvironment):
     @staticmethod
     def detect() -> bool:
         """``True`` in a job of several MPI ranks."""
-        return MPI.COMM_WORLD.Get_size() > 1
+        return job.world.Get_size() > 1
 
     def world_size(self) -> int:
         """MPI's world size."""

@@ -25,13 +25,13 @@ def _ft_job() -> bool:
 def _at_exit() -> None:
     from mpi4py import MPI
 
-    from ..core import faults, settings
+    from ..core import faults, job, settings
     from ..core.waiting import Backoff, poll
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    if faults.seen:
+    if faults.seen or job.heals:
         return  # a rank died: the barrier would only wait for it to be declared dead
     limit = settings.seconds("MPIDIST_EXIT_TIMEOUT")
     if limit is None:  # no group's timeout to fall back on at exit

@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 from .. import gpu
 from .._version import __version__
-from ..core import faults
-from . import heap, launcher, libmpi, threads
+from ..core import faults, job
+from . import heap, launcher, libmpi, spares, threads
 
 #: Variables that choose the network MPI uses between nodes (reported when set).
 NETWORK_VARS = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES",
@@ -64,7 +64,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
     Collective over ``comm`` (default ``MPI_COMM_WORLD``): ``MPI_Gather`` of the host
     names and ``MPI_Comm_split_type`` for the node layout.
     """
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm if comm is not None else job.world
 
     size = comm.Get_size()
     host = MPI.Get_processor_name()
@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpidist info", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
+    spares.park()  # a spare waits here until called in or released (MPIDIST_SPARES)
     facts = collect()
-    if MPI.COMM_WORLD.Get_rank() == 0:
+    if job.world.Get_rank() == 0:
         sys.stdout.write((json.dumps(facts, indent=2) if args.json else render(facts)) + "\n")
         sys.stdout.flush()
     return 0

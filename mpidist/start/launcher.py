@@ -13,7 +13,7 @@ import os
 
 from mpi4py import MPI
 
-from ..core import errors
+from ..core import errors, job
 from . import libmpi, mpi_library
 
 # Variables a launcher sets to the number of processes it started.
@@ -111,7 +111,7 @@ def node_layout(comm: MPI.Intracomm | None = None) -> tuple[int, int, int, int]:
     ``MPI_COMM_TYPE_SHARED`` gives the node; ``MPI_Comm_split`` of the node leaders
     numbers the nodes in order of their lowest rank.
     """
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm if comm is not None else job.world
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         local_rank, local_size = node.Get_rank(), node.Get_size()

@@ -53,7 +53,7 @@ import uuid
 
 from mpi4py import MPI
 
-from ..core import errors, ranklists
+from ..core import errors, job, ranklists
 from . import threads
 from .launcher import node_layout
 
@@ -91,7 +91,7 @@ def layout_environment(comm: MPI.Intracomm | None = None) -> dict[str, str]:
 
     Collective over ``comm`` (default ``MPI_COMM_WORLD``): see :func:`~mpidist.start.launcher.node_layout`.
     """
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm if comm is not None else job.world
     local_rank, local_size, node_rank, num_nodes = node_layout(comm)
     rank, size = comm.Get_rank(), comm.Get_size()
     values = (rank, size, local_rank, local_size, node_rank, num_nodes, rank, size)
@@ -289,7 +289,7 @@ def torchrun_environment(comm: MPI.Intracomm | None = None, call: str = CALL, ho
     ``True``, so that torch's ``env://`` rendezvous connects to it on every rank instead of
     starting a second server on rank 0, one that would listen on every interface.
     """
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm if comm is not None else job.world
     env = layout_environment(comm)
     agree(contradictions(env), comm, call)
     single_node = env["GROUP_WORLD_SIZE"] == "1"

@@ -13,12 +13,10 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from mpi4py import MPI
-
 from ..checks import failure, flight, rollcall, stall
-from ..core import errors, groups
+from ..core import errors, groups, job
 from ..core.groups import GroupMember, ProcessGroup
-from . import heap, launcher
+from . import heap, launcher, spares
 
 #: Default timeout of a process group, as torch's (30 minutes).
 default_pg_timeout = timedelta(minutes=30)
@@ -111,6 +109,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         print(dist.get_rank(), dist.get_world_size())
     """
     call = "init_process_group"
+    spares.park()  # a spare waits here until called in (MPIDIST_SPARES)
     if groups.registry.world is not None:
         raise errors.runtime_error(
             call, "the default process group is already initialized; "
@@ -127,7 +126,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         if rank == -1 or world_size == -1:
             raise errors.value_error(call, "a store needs rank and world_size to be given")
     url = parse_init_method(init_method, call) if init_method is not None else {}
-    size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    size, me = job.size(), job.rank()
     stated_ranks = [("rank", _int_param(rank, "rank", call))] if rank not in (-1, None) else []
     stated_sizes = ([("world_size", _int_param(world_size, "world_size", call))]
                     if world_size not in (-1, None) else [])
@@ -142,16 +141,38 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     launcher.check_not_singleton_trap(call)  # before the identity checks: its message says more
     _check_identity(stated_sizes, size, "world_size", call)
     _check_identity(stated_ranks, me, "rank", call)
-    pg = groups.make_world(timeout or default_pg_timeout, group_name)
+    start(timeout or default_pg_timeout, group_name,
+          (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1)
+
+
+#: How the world was started (:func:`start`'s arguments): a heal starts the new world the same way.
+started: dict[str, Any] = {}
+
+
+def start(timeout: timedelta, group_name: str, abort_on_error: bool) -> ProcessGroup:
+    """Make the world group on the job's processes and start what watches it.
+
+    Collective over :data:`mpidist.core.job.world`, in this order on every rank (a heal replays
+    it on the survivors while the spares it called in run it from their script's
+    ``init_process_group``): ``MPI_Comm_dup``, the hosts and node facts, the exit watch's
+    ``MPI_Comm_dup`` (with ``abort_on_error``), the roll call's ``MPI_Comm_dup``.
+    """
+    started.update(timeout=timeout, group_name=group_name, abort_on_error=abort_on_error)
+    pg = groups.make_world(timeout, group_name)
     groups.registry.world = pg
     groups.registry.was_destroyed = False
     GroupMember.WORLD = groups.group.WORLD = pg
-    if (abort_on_error if abort_on_error is not None else failure.enabled_by_env()) and size > 1:
-        failure.install()
+    errors.WORLD_RANK = pg._rank
+    if abort_on_error:
+        if failure.installed():  # a heal: the watch moves onto the new world
+            failure.restart(job.world)
+        else:
+            failure.install()
     heap.tune()  # large freed blocks kept for reuse (MPIDIST_MALLOC=0 leaves glibc's defaults)
     stall.start_stall_watch()  # MPIDIST_STALL_WARN_S (default 60 s; 0 turns it off)
-    rollcall.start()  # the stall report's roll call: its own communicator
+    rollcall.start(job.world)  # the stall report's roll call: its own communicator
     flight.enable_from_env()  # MPIDIST_FLIGHT_RECORDER=N keeps the last N calls (default: off)
+    return pg
 
 
 def init_process(group_name: str, rank: int = -1, world_size: int = -1,

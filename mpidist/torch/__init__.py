@@ -30,10 +30,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import rendezvous, shrinking
 from .backend import NAME, MpidistProcessGroup, create
+from .healing import heal
 from .start import use_for_cpu
 from .work import Work
 
-__all__ = ["NAME", "MpidistProcessGroup", "Work", "register", "use_for_cpu"]
+__all__ = ["NAME", "MpidistProcessGroup", "Work", "heal", "register", "use_for_cpu"]
 
 
 def register() -> None:

@@ -25,14 +25,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from mpi4py import MPI
 
-from ..core import errors
+from ..core import errors, job
 
 CALL = "init_process_group"
 
 
 def local_rank_and_size() -> tuple[int, int]:
     """This process's rank among the ranks of its node (``MPI_COMM_TYPE_SHARED``)."""
-    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    node = job.world.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return node.Get_rank(), node.Get_size()
     finally:
@@ -54,7 +54,7 @@ def _stated(url: str) -> dict[str, int]:
 
 def identity_problem(rank: int, world_size: int) -> str | None:
     """Why ``rank``/``world_size`` (``-1``: not stated) contradict MPI's, else ``None``."""
-    me, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    me, size = job.world.Get_rank(), job.world.Get_size()
     for what, value, actual in (("world_size", world_size, size), ("rank", rank, me)):
         if value not in (-1, None) and value != actual:
             return (f"{what}={value} disagrees with MPI, which gives this process {what}={actual}; "
@@ -64,7 +64,7 @@ def identity_problem(rank: int, world_size: int) -> str | None:
 
 def _fix(rank: int, world_size: int) -> str:
     """How to get out of a contradiction: Slurm's proxy step under mpiexec is the usual cause."""
-    if os.environ.get("SLURM_PROCID") is not None and MPI.COMM_WORLD.Get_size() > 1 and \
+    if os.environ.get("SLURM_PROCID") is not None and job.world.Get_size() > 1 and \
             (str(rank), str(world_size)) == (os.environ["SLURM_PROCID"], os.environ.get("SLURM_NTASKS")):
         return (f"these are SLURM_PROCID={rank} and SLURM_NTASKS={world_size}, which under mpiexec inside "
                 "an allocation describe mpiexec's own launch step, not the ranks (Lightning's "
@@ -88,11 +88,11 @@ def agree_identity(rank: int, world_size: int) -> None:
     Collective over ``MPI_COMM_WORLD`` (``MPI_Allgather``): a rank whose own values are right
     must not walk on into a rendezvous its peers never reach.
     """
-    problems = MPI.COMM_WORLD.allgather(identity_problem(rank, world_size))
+    problems = job.world.allgather(identity_problem(rank, world_size))
     bad = [r for r, p in enumerate(problems) if p is not None]
     if not bad:
         return
-    mine = problems[MPI.COMM_WORLD.Get_rank()]
+    mine = problems[job.world.Get_rank()]
     raise errors.value_error(CALL, mine or f"rank(s) {', '.join(map(str, bad))} were given a rank or world "
                              f"size that contradicts MPI; rank {bad[0]}: {problems[bad[0]]}")
 
@@ -100,7 +100,7 @@ def agree_identity(rank: int, world_size: int) -> None:
 def export_environment() -> None:
     """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from MPI where unset."""
     local, local_size = local_rank_and_size()
-    for var, value in (("RANK", MPI.COMM_WORLD.Get_rank()), ("WORLD_SIZE", MPI.COMM_WORLD.Get_size()),
+    for var, value in (("RANK", job.world.Get_rank()), ("WORLD_SIZE", job.world.Get_size()),
                        ("LOCAL_RANK", local), ("LOCAL_WORLD_SIZE", local_size)):
         os.environ.setdefault(var, str(value))
 
@@ -187,7 +187,7 @@ def mpi_store(timeout: timedelta, call: str = CALL) -> Any:
 
     from . import netaddr
 
-    comm = MPI.COMM_WORLD
+    comm = job.world
     me, size = comm.Get_rank(), comm.Get_size()
     single, first_on_node = _node_facts(comm)
     error: Exception | None = None
@@ -266,7 +266,7 @@ def serve_env_store(timeout: timedelta = timedelta(minutes=30), call: str = CALL
     global _served, _served_port
     from ..start import launcher, torchrun_env
 
-    comm = MPI.COMM_WORLD
+    comm = job.world
     port = os.environ.get("MASTER_PORT", "").strip()
     by_hand = comm.bcast(bool(port) and port != _served_port if comm.Get_rank() == 0 else None, 0)
     if by_hand:
@@ -282,9 +282,20 @@ def serve_env_store(timeout: timedelta = timedelta(minutes=30), call: str = CALL
 
 
 def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
+    from ..start import spares
+
+    spares.park()  # a spare waits here until called in (MPIDIST_SPARES)
     stated = _stated(url)
     rank, world_size = stated.get("rank", -1), stated.get("world_size", -1)
-    if MPI.COMM_WORLD.Get_size() > 1:
+    if job.is_newcomer():
+        # a spare called in by heal_group: the survivors are not in a rendezvous, and the mpidist
+        # backend needs no store, so this process's store is its own
+        from torch.distributed import HashStore
+
+        check_identity(rank, world_size)
+        yield HashStore(), job.world.Get_rank(), job.world.Get_size()
+        raise RuntimeError("env:// rendezvous from MPI cannot re-rendezvous")
+    if job.world.Get_size() > 1:
         # before any store is started: ranks that all believe they are rank 0 (Slurm's variables
         # under mpiexec) would otherwise race for one port and train apart
         agree_identity(rank, world_size)
@@ -294,7 +305,7 @@ def _env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs:
     check_identity(rank, world_size)
     export_environment()
     store = mpi_store(timeout)
-    yield store, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    yield store, job.world.Get_rank(), job.world.Get_size()
     raise RuntimeError("env:// rendezvous from MPI cannot re-rendezvous")
 
 

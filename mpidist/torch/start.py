@@ -37,8 +37,8 @@ import torch.distributed as tdist
 from mpi4py import MPI
 
 from ..checks import failure
-from ..core import errors
-from ..start import launcher, torchrun_env
+from ..core import errors, job
+from ..start import launcher, spares, torchrun_env
 from . import backend as _backend
 from . import rendezvous
 
@@ -87,7 +87,8 @@ def start_torch_distributed(device: str, local_world_size: int, init_method: str
     MPI's rank and size and ``init_method`` (default ``env://``); one ``barrier``.
     See the module docstring for which case does what.
     """
-    comm = MPI.COMM_WORLD
+    spares.park()  # a spare waits here until called in (MPIDIST_SPARES)
+    comm = job.world
     reused = _already(comm)
     if reused is not None:
         return reused
@@ -135,7 +136,7 @@ def announcement(requested: Any, comm: MPI.Intracomm | None = None) -> str:
     Collective over ``comm`` (default ``MPI_COMM_WORLD``): the node count comes from
     ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``.
     """
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm if comm is not None else job.world
     num_nodes = launcher.node_layout(comm)[3]
     vendor, version = MPI.get_vendor()
     where = (f"over MPI ({vendor} {'.'.join(map(str, version))}, {_plural(comm.Get_size(), 'rank')} on "
@@ -170,7 +171,7 @@ def map_cpu_backend_to_mpidist() -> Callable[..., Any]:
         out = original(mapped, *args, **kwargs)
         if mapped != backend:
             line = announcement(backend)
-            if MPI.COMM_WORLD.Get_rank() == 0:
+            if job.world.Get_rank() == 0:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
         return out
@@ -247,6 +248,7 @@ def use_for_cpu() -> None:
         raise errors.runtime_error(
             USE_FOR_CPU, f"torch.distributed is already initialised (backend {tdist.get_backend()!r}); "
             "call use_for_cpu() before anything starts it")
+    spares.park()  # a spare waits here until called in (MPIDIST_SPARES)
     launcher.check_not_singleton_trap(USE_FOR_CPU)
-    torchrun_env.export(torchrun_env.torchrun_environment(MPI.COMM_WORLD, USE_FOR_CPU, hosted=True))
+    torchrun_env.export(torchrun_env.torchrun_environment(job.world, USE_FOR_CPU, hosted=True))
     prepare_torch(USE_FOR_CPU, _backend.NAME)

@@ -13,9 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from mpi4py import MPI
-
-from ..core import errors, groups
+from ..core import errors, groups, job
 from ..start import printing, world
 from ..start.launcher import crosscheck, detect_launcher, node_layout
 
@@ -102,7 +100,7 @@ def init_distributed_mode(args: Any = None, *, backend: str = "mpi", set_device:
     if not world.is_initialized():
         world.init_process_group(backend)
     rank, size = world.get_rank(), world.get_world_size()
-    local_rank, local_size, node_rank, num_nodes = node_layout(MPI.COMM_WORLD)
+    local_rank, local_size, node_rank, num_nodes = node_layout(job.world)
     launcher = detect_launcher(size)
     note = crosscheck(launcher, local_rank)
     if note is not None:

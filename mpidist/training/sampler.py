@@ -104,13 +104,14 @@ class DistributedSampler:
 
     def indices(self) -> list[int]:
         """This rank's indices for the current epoch, as a list."""
-        order = self._order(len(self.dataset))[self.start:]
+        whole = self._order(len(self.dataset))
+        order = whole[self.start:]
         if self.drop_last:
             order = order[:self.total_size]
-        else:
+        else:  # padded from the epoch's first samples, as the epoch never resumed is
             pad = self.total_size - len(order)
             if pad > 0 and order:
-                order += (order * math.ceil(pad / len(order)))[:pad]
+                order += (whole * math.ceil(pad / len(whole)))[:pad]
         return order[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:

@@ -44,7 +44,7 @@ if REASON is not None and os.environ.get("MPIDIST_REQUIRE_ULFM") == "1":
     raise RuntimeError(f"MPIDIST_REQUIRE_ULFM=1 but {REASON}")
 
 HEAD = """
-import os, signal, sys, time
+import os, signal, sys, time, warnings
 import numpy as np
 import mpidist as dist
 
@@ -60,20 +60,22 @@ def die(how="exit"):
 
 
 def job(tmp_path: Path, n: int, body: str, timeout: float = 120, args: list[str] | None = None,
-        script: str | None = None) -> subprocess.CompletedProcess:
-    """``mpiexec --with-ft ulfm ... -n n python`` of ``body`` (after :data:`HEAD`) or of ``script``."""
+        script: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``mpiexec --with-ft ulfm ... -n n python`` of ``body`` (after :data:`HEAD`) or of ``script``,
+    with :data:`ENV` and ``env`` added to the environment."""
     if script is None:
         path = tmp_path / "job.py"
         path.write_text(HEAD + textwrap.dedent(body))
         script = str(path)
-    r = run_mpi(n, [script, *(args or [])], timeout=timeout, env=ENV, mpiexec_args=FLAGS)
+    env = {**ENV, **(env or {})}
+    r = run_mpi(n, [script, *(args or [])], timeout=timeout, env=env, mpiexec_args=FLAGS)
     for start in range(2, STARTS + 1):
         if not crashed_in_init(r.stdout, r.stderr):
             break
         # Open MPI's start-up race (mpidist.core.faults.STARTS): no line of the test had run
         print(f"a rank segfaulted inside Open MPI's MPI_Init before the job's own code ran; "
               f"start {start} of {STARTS}:\n{r.stderr[-2000:]}", file=sys.stderr)
-        r = run_mpi(n, [script, *(args or [])], timeout=timeout, env=ENV, mpiexec_args=FLAGS)
+        r = run_mpi(n, [script, *(args or [])], timeout=timeout, env=env, mpiexec_args=FLAGS)
     return r
 
 
