@@ -30,10 +30,11 @@ from ..checks import debug, failure
 from ..core import errors, faults, groups
 from ..core.groups import ProcessGroup as MpiGroup
 from ..core.waiting import seconds
-from ..start import shrink, threads
+from ..start import threads
 from ..start import world as mworld
-from . import overlap, profiling
+from . import handshake, overlap, profiling
 from . import work as twork
+from .fault_tolerance import FaultTolerance
 
 #: Backend name for ``init_process_group``.
 NAME = "mpidist"
@@ -45,8 +46,6 @@ SYNC_BYTES = overlap.from_env()
 
 
 _OPS: dict[Any, ReduceOp] = {}
-_NO_RECONFIGURE = ("the mpidist backend does not support torch's reconfigure API; to go on after a "
-                   "rank dies, use shrink_group under ULFM (docs/survive.md)")
 
 
 def _torch_op(reduce_op: Any) -> ReduceOp:
@@ -64,7 +63,7 @@ def _nbytes(tensors: Sequence[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-class MpidistProcessGroup(tdist.ProcessGroup):
+class MpidistProcessGroup(FaultTolerance, tdist.ProcessGroup):
     """A torch process group on one mpidist :class:`~mpidist.core.groups.ProcessGroup`.
 
     ``mpi_group`` is the mpidist group (``mpi_group.comm`` the raw communicator).
@@ -288,19 +287,6 @@ class MpidistProcessGroup(tdist.ProcessGroup):
             groups.free(self.mpi_group)
         faults.forget(self.mpi_group)
 
-    def abort(self) -> None:
-        """End the group now (torch's ``_abort_process_group``, ``DeviceMesh`` abort): the abort
-        hooks run first; under ULFM the communicator is then revoked, so calls pending on it fail
-        on every member."""
-        groups.run_abort_hooks(self.mpi_group)
-        comm = self.mpi_group.comm
-        if comm is not None and faults.ENABLED:
-            try:
-                comm.Revoke()
-            except Exception:  # noqa: BLE001 - already revoked: the end is the same
-                pass
-        self.shutdown()
-
     # torch looks up a group's backend per device (from 2.14 also for a ProcessGroup subclass:
     # batch_isend_irecv, FSDP's allocator); this group is its own backend on every device
     def _get_backend(self, device: Any) -> MpidistProcessGroup:
@@ -320,50 +306,15 @@ class MpidistProcessGroup(tdist.ProcessGroup):
         """No backend-owned memory: FSDP allocates with ``torch.empty``."""
         return False
 
-    def register_abort_hook(self, hook_id: int, hook: Callable[[], None]) -> None:
-        """torch 2.14's ``register_abort_hook``: ``hook()`` runs once, before the group goes, when
-        a call on it times out or finds a dead member (the group breaks) or :meth:`abort` is
-        called; a ``hook_id`` already registered is replaced."""
-        self.mpi_group.abort_hooks[int(hook_id)] = hook
+    # rank and size come from the MPI group, which a reconfigure replaces: Python (get_rank) calls
+    # rank()/size(), torch's C++ (DDP's reducer) getRank()/getSize() through the subclass
+    def rank(self) -> int:
+        return self.mpi_group._rank
 
-    def unregister_abort_hook(self, hook_id: int) -> None:
-        """Drop the hook registered as ``hook_id`` (nothing happens for an unknown id)."""
-        self.mpi_group.abort_hooks.pop(int(hook_id), None)
+    def size(self) -> int:
+        return self.mpi_group._size
 
-    @property
-    def supports_reconfigure(self) -> bool:
-        """torch 2.14's ``_supports_reconfigure``: this backend cannot yet be reconfigured."""
-        return False
-
-    def get_reconfigure_handle(self) -> str:
-        """Not supported (:attr:`supports_reconfigure` is false): raises ``RuntimeError``."""
-        raise errors.runtime_error("_get_reconfigure_handle", _NO_RECONFIGURE)
-
-    def reconfigure(self, opts: Any) -> twork.Work:
-        """Not supported (:attr:`supports_reconfigure` is false): raises ``RuntimeError``."""
-        raise errors.runtime_error("_reconfigure", _NO_RECONFIGURE)
-
-    @property
-    def supports_shrinking(self) -> bool:
-        """``torch.distributed.shrink_group`` works on this backend."""
-        return True
-
-    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0,
-               opts: Any = None) -> MpidistProcessGroup:
-        """The backend of the group without ``ranks_to_exclude`` (group ranks), for torch's
-        ``shrink_group``: :func:`mpidist.shrink_group` on this group's communicator. For the
-        default group, mpidist's world shrinks too (torch's default group is a duplicate of it),
-        and the new backend is a duplicate of the shrunk world."""
-        g = self.mpi_group
-        if g.group_desc != "default_pg":
-            new = shrink.shrink_group(list(ranks_to_exclude), g, shrink_flags)
-            return MpidistProcessGroup(new, new._rank, new._size)
-        # the world has the same members: once they agreed on the dead here, it shrinks at once
-        world = shrink.shrink_group(list(ranks_to_exclude), None, shrink_flags,
-                                    _failed=faults.failed_ranks(g) is not None)
-        self.shutdown()
-        new = groups.duplicate(world, self._name, "default_pg", g.timeout)
-        return MpidistProcessGroup(new, new._rank, new._size)
+    getRank, getSize = rank, size  # noqa: N815
 
 
 def _world(opts: Any) -> MpiGroup:
@@ -401,6 +352,7 @@ def create(opts: Any, backend_options: Any = None) -> MpidistProcessGroup:
         debug.set_debug_level_from_torch_env()
         pg = groups.duplicate(_world(opts), name, desc, timeout)
         failure.install_for_torch()
+        handshake.prepare(pg.comm)  # reconfigure's own communicator (collective, as this is)
         warn_if_oversubscribed(pg)
     else:
         w = groups.world("new_group")

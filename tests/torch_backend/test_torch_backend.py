@@ -379,21 +379,21 @@ def test_backend_name_and_mpidist_world_coexist(tw, dist, me, n):
 
 
 @pytest.mark.mpi
-def test_abort_runs_the_abort_hooks_and_reconfigure_is_refused(tw, me, n):
-    """What torch 2.14's fault-tolerance queries get: abort hooks on ``abort``, and a truthful
-    "no" to reconfigure (``_supports_reconfigure`` false, the handle and the call refused)."""
+def test_abort_runs_the_abort_hooks_and_reconfigure_is_offered(tw, me, n):
+    """What torch 2.14's fault-tolerance queries get: abort hooks on ``abort``, and reconfigure
+    offered (``_supports_reconfigure`` true, this process's handle; the calls themselves are
+    tested in test_reconfigure.py)."""
+    from mpi4py import MPI
     from torch.distributed.distributed_c10d import _abort_process_group
 
     g = tw.new_group(list(range(n)))
     ran: list[int] = []
     g.register_abort_hook(7, lambda: ran.append(me))
-    assert g.supports_reconfigure is False
+    assert g.supports_reconfigure is True
+    assert g.get_reconfigure_handle() == f"mpi:world:{MPI.COMM_WORLD.Get_rank()}"
     if hasattr(tw, "_supports_reconfigure"):  # torch >= 2.14
-        assert tw._supports_reconfigure(g) is False
-        with pytest.raises(RuntimeError, match="does not support torch's reconfigure API"):
-            tw._get_reconfigure_handle(g)
-    with pytest.raises(RuntimeError, match="does not support torch's reconfigure API"):
-        g.reconfigure(None)
+        assert tw._supports_reconfigure(g) is True
+        assert tw._get_reconfigure_handle(g) == g.get_reconfigure_handle()
     _abort_process_group(g)
     assert ran == [me]
     tw.barrier()
