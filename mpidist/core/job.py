@@ -41,3 +41,18 @@ def is_newcomer() -> bool:
     """Whether this process is a spare called in to take a dead rank's place (its script started
     when it was called in, and must take the survivors' state: :func:`mpidist.training.recovery.catch_up`)."""
     return rank() in newcomers
+
+
+def join(members: list[int], tag: str) -> MPI.Intracomm:
+    """The communicator of the processes ``members`` (``MPI_COMM_WORLD`` ranks, in the order of
+    their new ranks): ``MPI_Comm_create_from_group``, collective over exactly them, matched by
+    ``tag`` (a heal's or a reconfigure's own)."""
+    everyone = MPI.COMM_WORLD.Get_group()
+    try:
+        chosen = everyone.Incl(members)
+    finally:
+        everyone.Free()
+    try:
+        return MPI.Intracomm.Create_from_group(chosen, tag, MPI.INFO_NULL, MPI.ERRORS_RETURN)
+    finally:
+        chosen.Free()

@@ -8,7 +8,7 @@ first step that speaks for the job (its ``init_process_group``: :func:`park`), s
 and data are ready, and waits there in :func:`wait`: an ``MPI_Iprobe`` on the control
 communicator, then a sleep that grows to :data:`LONGEST_SLEEP`. When a rank dies, the survivors'
 :func:`mpidist.heal_group` sends a spare the new membership; the spare joins it
-(``MPI_Comm_create_from_group``, :func:`join`) and its script goes on from there as the dead
+(``MPI_Comm_create_from_group``, :func:`mpidist.core.job.join`) and its script goes on from there as the dead
 rank's replacement (:func:`mpidist.core.job.is_newcomer`). When the job ends, its rank 0
 releases the spares still waiting (:func:`release`), which then exit with status 0.
 """
@@ -102,26 +102,11 @@ def call_in(spares: list[int], message: dict[str, Any]) -> None:
 
 def joined(message: dict[str, Any]) -> None:
     """Take the membership a call brought: the job world becomes the new communicator."""
-    job.world = join(message["members"], message["heals"])
+    job.world = job.join(message["members"], f"mpidist:heal:{message['heals']}")
     job.members, job.spares = list(message["members"]), list(message["spares"])
     job.newcomers, job.heals = list(message["newcomers"]), message["heals"]
     errors.WORLD_RANK = job.world.Get_rank()
     atexit.register(release)  # this process may be the job's rank 0 now
-
-
-def join(members: list[int], heals: int) -> MPI.Intracomm:
-    """The communicator of ``members`` (``MPI_COMM_WORLD`` ranks, in job-rank order): only they call
-    it (``MPI_Comm_create_from_group``, tagged by the heal's number)."""
-    group = MPI.COMM_WORLD.Get_group()
-    try:
-        chosen = group.Incl(members)
-    finally:
-        group.Free()
-    try:
-        return MPI.Intracomm.Create_from_group(chosen, f"mpidist:heal:{heals}", MPI.INFO_NULL,
-                                               MPI.ERRORS_RETURN)
-    finally:
-        chosen.Free()
 
 
 def release() -> None:

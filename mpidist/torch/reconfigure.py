@@ -21,7 +21,7 @@ import torch.distributed.distributed_c10d as c10d
 from mpi4py import MPI
 
 from ..checks import failure, rollcall
-from ..core import errors, faults, groups
+from ..core import errors, faults, groups, job
 from ..core.groups import GroupMember, ProcessGroup
 from ..core.waiting import seconds
 from .handshake import handshake, translate
@@ -100,21 +100,6 @@ def claim(uuid: Any, call: str = CALL) -> int:
     return uuid
 
 
-def communicator(ranks: list[int], uuid: int) -> MPI.Intracomm:
-    """``MPI_Comm_create_from_group`` of ``MPI_COMM_WORLD``'s processes ``ranks``, in that order,
-    tagged ``mpidist:reconfigure:<uuid>``: collective over exactly them."""
-    everyone = MPI.COMM_WORLD.Get_group()
-    try:
-        chosen = everyone.Incl(ranks)
-    finally:
-        everyone.Free()
-    try:
-        return MPI.Intracomm.Create_from_group(chosen, f"mpidist:reconfigure:{uuid}", MPI.INFO_NULL,
-                                               MPI.ERRORS_RETURN)
-    finally:
-        chosen.Free()
-
-
 def comm_of(pg: ProcessGroup) -> MPI.Intracomm | None:
     """``pg``'s communicator, or the one it had before it broke (``None`` once destroyed)."""
     if pg.comm is not None:
@@ -186,7 +171,7 @@ def regroup(group: Any, opts: Any, is_default: bool) -> ProcessGroup:
     uuid = claim(opts.uuid, call)
     handshake(ranks, uuid, timeout_of(opts, g), call, dict(zip(ranks, names(ranks))))
     try:
-        comm = communicator(ranks, uuid)
+        comm = job.join(ranks, f"mpidist:reconfigure:{uuid}")
     except MPI.Exception as exc:
         raise errors.runtime_error(call, f"MPI_Comm_create_from_group failed: {exc.Get_error_string()}"
                                    ) from None
