@@ -226,7 +226,7 @@ def use_for_cpu() -> None:
       the library's ``env://`` rendezvous connects to it instead of starting torch's own server
       on every interface (:func:`mpidist.torch.rendezvous.serve_env_store`; a ``MASTER_PORT``
       set by hand is kept, and torch's own server then runs);
-    - on a host without an accelerator (:func:`has_accelerator`: what the machine has, so also
+    - on a host without an accelerator (``has_accelerator()``: what the machine has, so also
       with a CUDA build of torch and no GPU), sets ``ACCELERATE_USE_CPU=true`` unless it is set
       (what ``accelerate launch --cpu`` sets): accelerate's ``Accelerator`` and the HF
       ``Trainer`` otherwise see ``LOCAL_RANK``, look for a GPU, find none and train one copy
