@@ -44,8 +44,9 @@ OPENMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "core/test_
                   "checks/test_failure.py", "survive/test_survive_*.py", "survive/test_heal_jobs.py",
                   "survive/test_shrink.py", "survive/test_startup_race.py")
 #: Test files that also run with the newest torch (a CUDA build, on the CPU; ``make
-#: venv-torch-newest``): the torch backend's per-call tests, the training helpers, the examples
-#: against torchrun and the library recipes (the big battery stays on the pinned torch).
+#: venv-torch-newest``): the torch backend's per-call tests and the training helpers, and one run
+#: of each kind of job: the torchrun-style example against torchrun, Lightning's and the HF
+#: recipes against gloo, the two CPU routes, one accelerate script (the pinned torch runs the rest).
 TORCH_NEWEST_SUBSET = ("torch_backend/test_torch_backend.py", "torch_backend/test_torch_tensors.py",
                        "torch_backend/test_torch_vs_gloo.py", "torch_backend/test_torch_ddp.py",
                        "torch_backend/test_torch_start.py", "torch_backend/test_torch_agreement.py",
@@ -53,9 +54,9 @@ TORCH_NEWEST_SUBSET = ("torch_backend/test_torch_backend.py", "torch_backend/tes
                        "torch_backend/test_rendezvous.py", "torch_backend/test_reconfigure.py",
                        "core/test_timeouts.py", "training/test_*.py",
                        "start/test_run_module.py::test_torchrun_style_script_agrees_with_torchrun",
-                       "start/test_run_module.py::test_detr_style_script_agrees_with_torchrun",
                        "integrations/test_use_for_cpu_jobs.py::test_run_and_use_for_cpu_set_the_same",
-                       "integrations/test_libraries_jobs.py",
+                       "integrations/test_libraries_jobs.py::test_lightning_on_mpidist_equals_gloo",
+                       "integrations/test_libraries_jobs.py::test_hf_use_for_cpu_equals_gloo",
                        "integrations/test_accelerate_scripts_jobs.py::test_accelerate_script_on_mpidist_as_on_gloo"
                        "[test_ops.py]")
 #: Test files that also run under Intel MPI (the impi-rt wheel): the Open MPI subset but the

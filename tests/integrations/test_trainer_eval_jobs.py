@@ -83,7 +83,7 @@ def _check(res: dict, length: int, ranks: int, batch: int, where: str) -> None:
         assert res["evaluate"]["eval_loss"] == pytest.approx(nll.mean(), rel=1e-5), where
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # 7, 10 and 11 samples: none divides by 3
 def test_evaluate_and_predict_over_lengths_the_ranks_do_not_divide(tmp_path, n):
     need("transformers")
     r = mpi(n, [JOB, str(tmp_path)], env=OFFLINE, timeout=TIMEOUT)
