@@ -18,8 +18,9 @@ world: MPI.Intracomm = MPI.COMM_WORLD
 members: list[int] = list(range(MPI.COMM_WORLD.Get_size()))
 #: ``MPI_COMM_WORLD`` ranks of the spares still waiting, in the order they are called in.
 spares: list[int] = []
-#: A duplicate of ``MPI_COMM_WORLD`` made at start by every process, spares included: the
-#: survivors call spares in over it (``None`` in a job without spares).
+#: Every live process of the job, spares included: a duplicate of ``MPI_COMM_WORLD`` made at start,
+#: after each heal its ``MPI_Comm_shrink`` (the dead left out). The survivors call spares in over
+#: it (``None`` in a job without spares).
 control: MPI.Intracomm | None = None
 #: Job ranks that this process's last heal filled with spares (on every member alike).
 newcomers: list[int] = []
@@ -41,6 +42,37 @@ def is_newcomer() -> bool:
     """Whether this process is a spare called in to take a dead rank's place (its script started
     when it was called in, and must take the survivors' state: :func:`mpidist.training.recovery.catch_up`)."""
     return rank() in newcomers
+
+
+def translate(ranks: list[int], comm: MPI.Comm) -> list[int]:
+    """``MPI_COMM_WORLD`` ranks as ranks of ``comm`` (``MPI_UNDEFINED`` where absent):
+    ``MPI_Group_translate_ranks``."""
+    theirs, mine = MPI.COMM_WORLD.Get_group(), comm.Get_group()
+    try:
+        return list(MPI.Group.Translate_ranks(theirs, ranks, mine))
+    finally:
+        theirs.Free()
+        mine.Free()
+
+
+def regroup(members: list[int]) -> None:
+    """The job after a heal: ``members`` (``MPI_COMM_WORLD`` ranks, in the order of their new
+    ranks) become :data:`world`. Collective over every live process of the job, members and
+    spares still waiting (:data:`control`; without spares, over the old :data:`world`):
+    ``MPI_Comm_shrink`` leaves the dead out, then ``MPI_Comm_split`` keeps the members, and the
+    shrunk communicator is the new :data:`control`. Both are ULFM's and MPI's own collectives, and
+    unlike ``MPI_Comm_create_from_group`` they need no process outside the job to be waited for."""
+    global world, control
+    base = control if control is not None else world
+    alive = base.Shrink()
+    alive.Set_errhandler(MPI.ERRORS_RETURN)
+    me = MPI.COMM_WORLD.Get_rank()
+    world = alive.Split(0 if me in members else MPI.UNDEFINED, members.index(me) if me in members else 0)
+    if control is None:
+        alive.Free()
+        return
+    old, control = control, alive
+    old.Free()
 
 
 def join(members: list[int], tag: str) -> MPI.Intracomm:

@@ -3,8 +3,9 @@
 In a job started with spares (``MPIDIST_SPARES``, :mod:`mpidist.start.spares`) and for ULFM, every
 survivor of the world calls :func:`heal_group` after :class:`~mpidist.ProcessFailureError`. The
 survivors agree on the dead (``MPI_Comm_agree`` + ``MPI_Comm_shrink``), the first survivor sends
-each of the first waiting spares the new membership, and survivors and spares make the new world
-together (``MPI_Comm_create_from_group``): the same size, each spare at a dead rank's place, so
+every waiting spare the new membership, and survivors and spares make the new world together
+(:func:`mpidist.core.job.regroup`: ``MPI_Comm_shrink`` of the job's control communicator, then
+``MPI_Comm_split``; the spares not called in wait on): the same size, each spare at a dead rank's place, so
 every rank keeps its number and rank lists keep their meaning. With fewer spares than dead, the
 ranks left without one are dropped (the world shrinks, ranks renumbered, as ``shrink_group``) and a
 warning says so. Every other group is destroyed (its communicator lost a member): make the
@@ -42,8 +43,9 @@ def heal_group(group: Any = None) -> ProcessGroup:
 
     Every survivor of the default group calls it (``group``: the world, or ``None``), after
     ``ProcessFailureError``. Collective over the survivors and the spares it calls in:
-    ``MPI_Comm_agree``/``MPI_Comm_shrink`` to agree on the dead, a message to each spare, then
-    ``MPI_Comm_create_from_group`` and the world's start (:func:`mpidist.start.world.start`).
+    ``MPI_Comm_agree``/``MPI_Comm_shrink`` to agree on the dead, a message to each waiting spare,
+    ``MPI_Comm_shrink`` + ``MPI_Comm_split`` of the control communicator, then the world's start
+    (:func:`mpidist.start.world.start`).
     Returns the new default group: the same size while spares last (every rank keeps its number),
     else smaller by the dead left without a spare (a ``RuntimeWarning`` names them). Every other
     group is destroyed.
@@ -64,8 +66,8 @@ def heal_group(group: Any = None) -> ProcessGroup:
     job.heals += 1
     message = {"op": "call", "members": members, "spares": job.spares[len(called):],
                "newcomers": newcomers, "heals": job.heals}
-    if called and pg._rank == min(r for r in range(pg._size) if r not in dead):
-        spares.call_in(called, message)
+    if job.spares and pg._rank == min(r for r in range(pg._size) if r not in dead):
+        spares.call_in(message, job.spares)
     for other in list(reg.live.values()):
         shrink._retire(other)
     reg.world = None

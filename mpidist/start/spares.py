@@ -7,10 +7,10 @@ of ``MPI_COMM_WORLD`` spares. :func:`set_aside` runs when mpidist is imported, c
 first step that speaks for the job (its ``init_process_group``: :func:`park`), so that its imports
 and data are ready, and waits there in :func:`wait`: an ``MPI_Iprobe`` on the control
 communicator, then a sleep that grows to :data:`LONGEST_SLEEP`. When a rank dies, the survivors'
-:func:`mpidist.heal_group` sends a spare the new membership; the spare joins it
-(``MPI_Comm_create_from_group``, :func:`mpidist.core.job.join`) and its script goes on from there as the dead
-rank's replacement (:func:`mpidist.core.job.is_newcomer`). When the job ends, its rank 0
-releases the spares still waiting (:func:`release`), which then exit with status 0.
+:func:`mpidist.heal_group` sends every waiting spare the new membership; together they make the
+new world (:func:`mpidist.core.job.regroup`), and a spare called in goes on with its script from
+there as the dead rank's replacement (:func:`mpidist.core.job.is_newcomer`); the others wait on. When the
+job ends, its rank 0 releases the spares still waiting (:func:`release`), which then exit with status 0.
 """
 
 from __future__ import annotations
@@ -71,7 +71,18 @@ def park() -> None:
 
 
 def wait() -> None:
-    """Wait, probing the control communicator between sleeps, for a call in or the release."""
+    """Wait, probing the control communicator between sleeps, until a heal calls this spare in
+    (a heal that leaves it waiting is taken part in, then waited past) or the job releases it."""
+    while job.world == MPI.COMM_NULL:
+        message = _next()
+        if message["op"] == "release":
+            faults.seen = faults.seen or message["died"]
+            sys.exit(0)
+        joined(message)
+
+
+def _next() -> dict[str, Any]:
+    """The next message on the control communicator (``MPI_Iprobe`` between growing sleeps)."""
     ctl = job.control
     assert ctl is not None
     pause = Backoff(first=1e-3, longest=LONGEST_SLEEP)
@@ -79,32 +90,32 @@ def wait() -> None:
     while True:
         try:
             if ctl.Iprobe(MPI.ANY_SOURCE, TAG, status):
-                message = ctl.recv(source=status.Get_source(), tag=TAG)
-                break
+                return ctl.recv(source=status.Get_source(), tag=TAG)
         except MPI.Exception as exc:
             if not faults.is_failure(exc, ctl):
                 raise
             ctl.Ack_failed()  # a process of the job died: the survivors will call, or release
             continue
         pause.sleep()
-    if message["op"] == "release":
-        faults.seen = faults.seen or message["died"]
-        sys.exit(0)
-    joined(message)
 
 
-def call_in(spares: list[int], message: dict[str, Any]) -> None:
-    """Send ``message`` (the new membership) to each of ``spares`` (``MPI_COMM_WORLD`` ranks)."""
+def call_in(message: dict[str, Any], waiting: list[int]) -> None:
+    """Send ``message`` (the new membership) to each spare in ``waiting`` (``MPI_COMM_WORLD``
+    ranks): those it calls in and those it leaves waiting, since all of them take part in the
+    heal's ``MPI_Comm_shrink`` of the control communicator."""
     assert job.control is not None
-    for spare in spares:
+    for spare in job.translate(waiting, job.control):
         job.control.send(message, dest=spare, tag=TAG)
 
 
 def joined(message: dict[str, Any]) -> None:
-    """Take the membership a call brought: the job world becomes the new communicator."""
-    job.world = job.join(message["members"], f"mpidist:heal:{message['heals']}")
+    """Take the membership a heal brought (:func:`mpidist.core.job.regroup`, collective over the
+    survivors and every waiting spare); a spare it calls in has the job world from here on."""
+    job.regroup(list(message["members"]))
     job.members, job.spares = list(message["members"]), list(message["spares"])
     job.newcomers, job.heals = list(message["newcomers"]), message["heals"]
+    if job.world == MPI.COMM_NULL:
+        return
     errors.WORLD_RANK = job.world.Get_rank()
     atexit.register(release)  # this process may be the job's rank 0 now
 
@@ -114,7 +125,7 @@ def release() -> None:
     if job.control is None or not job.spares or job.rank() != 0 or MPI.Is_finalized():
         return
     waiting, job.spares = job.spares, []
-    for spare in waiting:
+    for spare in job.translate(waiting, job.control):
         try:
             job.control.send({"op": "release", "died": faults.seen}, dest=spare, tag=TAG)
         except MPI.Exception:

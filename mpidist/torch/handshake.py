@@ -65,16 +65,6 @@ def channel(call: str) -> MPI.Intracomm:
     return _channel[0]
 
 
-def translate(ranks: list[int], comm: MPI.Comm) -> list[int]:
-    """``MPI_COMM_WORLD`` ranks as ranks of ``comm`` (``MPI_UNDEFINED`` where absent)."""
-    theirs, mine = MPI.COMM_WORLD.Get_group(), comm.Get_group()
-    try:
-        return list(MPI.Group.Translate_ranks(theirs, ranks, mine))
-    finally:
-        theirs.Free()
-        mine.Free()
-
-
 def digest(ranks: list[int]) -> int:
     """A 64-bit digest of the ordered member list: members that listed other handles or another
     order are told so instead of making different groups."""
@@ -111,7 +101,7 @@ def handshake(ranks: list[int], uuid: int, limit: float | None, call: str,
     if len(ranks) == 1:
         return
     comm = channel(call)
-    where = translate(ranks, comm)
+    where = job.translate(ranks, comm)
     lost = [who[r] for r, c in zip(ranks, where) if c == MPI.UNDEFINED]
     if lost:
         raise errors.value_error(call, f"handles {lost} name processes outside this job (spares still "

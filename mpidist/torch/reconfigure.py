@@ -24,7 +24,7 @@ from ..checks import failure, rollcall
 from ..core import errors, faults, groups, job
 from ..core.groups import GroupMember, ProcessGroup
 from ..core.waiting import seconds
-from .handshake import handshake, translate
+from .handshake import handshake
 
 #: torch's name for the call, in every error.
 CALL = "_reconfigure"
@@ -113,7 +113,7 @@ def global_ranks(ranks: list[int], call: str = CALL) -> list[int]:
     comm = comm_of(groups.world(call))
     if comm is None:
         raise errors.runtime_error(call, "the default group was destroyed")
-    out = translate(ranks, comm)
+    out = job.translate(ranks, comm)
     outside = [r for r, g in zip(ranks, out) if g == MPI.UNDEFINED]
     if outside:
         raise errors.value_error(call, f"handles {names(outside)} are not in the default group: a group "

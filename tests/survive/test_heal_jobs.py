@@ -21,14 +21,14 @@ from mpidist.training.recovery import catch_up
 STEPS = 24
 DEATHS = json.loads(os.environ["DEATHS"])  # [[rank, step, how], ...]
 dist.init_process_group("mpi")
-me = dist.get_rank()
+me = first = dist.get_rank()  # DEATHS name ranks as they were first numbered
 step = 0
 if dist.is_newcomer():
     step = catch_up(step=step)["step"]
     say("JOINED", me, step, dist.get_world_size(), dist.spares_left())
 while step < STEPS:
     for rank, at, how in DEATHS:
-        if rank == me and at == step and not dist.is_newcomer():
+        if rank == first and at == step and not dist.is_newcomer():
             die(how)
     t = np.full(3, float(me + 1))
     try:
@@ -40,6 +40,7 @@ while step < STEPS:
             world = dist.heal_group()
         say("HEALED", me, dist.get_rank(), world.size(), left, dist.spares_left(), *err.failed_ranks,
             "|", *[str(w.message).split(":")[2].strip() for w in caught])
+        me = dist.get_rank()  # renumbered where no spare was left
         catch_up(step=step)
         continue
     n = dist.get_world_size()
@@ -100,6 +101,17 @@ def test_a_death_with_no_spare_left_shrinks_and_says_so(tmp_path):
     assert sorted(h[1] for h in second) == ["0", "1"], out  # rank 0 and the newcomer at rank 1
     assert all(h[3] == "2" and "no spare left for rank(s) [2]" in " ".join(h) for h in second), second
     ends = sorted(lines(r.stdout, "END"))  # newcomer: of the last heal only (that one called none)
+    assert ends == [["END", "0", "2", "2", "False"], ["END", "1", "2", "2", "False"]], out
+
+
+def test_heal_in_a_job_without_spares_shrinks_and_says_so(tmp_path):
+    r = _heal(tmp_path, 3, 0, [[1, 6, "kill"]])
+    out = r.stdout + r.stderr[-3000:]
+    assert r.returncode == 0, out
+    healed = sorted(lines(r.stdout, "HEALED"))  # old rank 2 is rank 1 of a world of 2
+    assert [h[1:6] for h in healed] == [["0", "0", "2", "0", "0"], ["2", "1", "2", "0", "0"]], out
+    assert all("no spare left for rank(s) [1]" in " ".join(h) for h in healed), healed
+    ends = sorted(lines(r.stdout, "END"))
     assert ends == [["END", "0", "2", "2", "False"], ["END", "1", "2", "2", "False"]], out
 
 
