@@ -51,7 +51,7 @@ TORCH_NEWEST_SUBSET = ("torch_backend/test_torch_backend.py", "torch_backend/tes
                        "torch_backend/test_torch_vs_gloo.py", "torch_backend/test_torch_ddp.py",
                        "torch_backend/test_torch_start.py", "torch_backend/test_torch_agreement.py",
                        "torch_backend/test_torch_overlap.py", "torch_backend/test_torch_profiler.py",
-                       "torch_backend/test_rendezvous.py",
+                       "torch_backend/test_rendezvous.py", "torch_backend/test_reconfigure.py",
                        "core/test_timeouts.py", "training/test_*.py",
                        "start/test_run_module.py::test_torchrun_style_script_agrees_with_torchrun",
                        "integrations/test_use_for_cpu_jobs.py::test_run_and_use_for_cpu_set_the_same",
@@ -71,9 +71,6 @@ IMPI_SUBSET = ("start/test_world.py", "start/test_world_jobs.py", "start/test_no
                "torch_backend/test_torch_agreement.py", "torch_backend/test_torch_vs_gloo.py")
 #: Intel MPI's own blocking waits spin; where ranks share a core a waiting one gives it up (usleep).
 IMPI_ENV = {"I_MPI_THREAD_YIELD": "3"}
-# torch_backend/test_reconfigure.py is left out until its handshake hang is fixed: run after
-# core/test_timeouts.py in one 2-rank session, one rank waits in gather and the other in answer
-# (issue 51's note); alone it passes at 1-4 ranks.
 #: pytest under mpiexec reports a failing test instead of aborting the job; the serial run
 #: keeps the default, since its tests start their own jobs (and test the abort itself).
 NO_ABORT = {"MPIDIST_ABORT_ON_ERROR": "0"}

@@ -32,8 +32,10 @@ from mpi4py import MPI  # noqa: E402
 import mpidist  # noqa: E402
 
 ME, N = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-#: Fresh uuids, drawn in the same order on every process (also by those a configuration leaves out).
-_uuids = itertools.count(int(time.time()) % 100_000 * 1000)
+#: Fresh uuids, drawn in the same order on every process (also by those a configuration leaves out),
+#: from rank 0's clock: each process's own could read the next second, and a process whose uuid
+#: differs waits for the others until the group's timeout, as torch's gloo would.
+_uuids = itertools.count(MPI.COMM_WORLD.bcast(int(time.time()) % 100_000 * 1000))
 
 
 def _uuid() -> int:
