@@ -51,7 +51,7 @@ TORCH_NEWEST_SUBSET = ("torch_backend/test_torch_backend.py", "torch_backend/tes
                        "torch_backend/test_torch_vs_gloo.py", "torch_backend/test_torch_ddp.py",
                        "torch_backend/test_torch_start.py", "torch_backend/test_torch_agreement.py",
                        "torch_backend/test_torch_overlap.py", "torch_backend/test_torch_profiler.py",
-                       "torch_backend/test_rendezvous.py", "torch_backend/test_reconfigure.py",
+                       "torch_backend/test_rendezvous.py", "torch_backend/test_reconfigure*.py",
                        "core/test_timeouts.py", "training/test_*.py",
                        "start/test_run_module.py::test_torchrun_style_script_agrees_with_torchrun",
                        "integrations/test_use_for_cpu_jobs.py::test_run_and_use_for_cpu_set_the_same",
