@@ -119,6 +119,11 @@ def handshake(ranks: list[int], uuid: int, limit: float | None, call: str,
                                    ) from None
 
 
+def _signed(word: int) -> int:
+    """A uuid as sent (unsigned 64-bit) back as torch's signed one."""
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
 class _Meeting:
     """One handshake as this process sees it."""
 
@@ -136,6 +141,7 @@ class _Meeting:
         reqs = [comm.Irecv([inbox[i], MPI.UINT64_T], place[r], ARRIVE) for i, r in enumerate(others)]
         here: dict[int, int] = {}  # index in others -> its digest
         gone: set[int] = set()
+        elsewhere: dict[int, int] = {}  # a listed process that arrived with another uuid -> that uuid
 
         def progress() -> bool:
             for i in MPI.Request.Testsome(reqs) or ():
@@ -145,6 +151,8 @@ class _Meeting:
                     continue
                 if u == self.word:
                     here[i] = d
+                elif kind == HERE:
+                    elsewhere[others[i]] = u
                 # an earlier handshake's message was dropped; after an arrival, listen for "gone"
                 reqs[i] = comm.Irecv([inbox[i], MPI.UINT64_T], place[others[i]], ARRIVE)
             return bool(gone) or len(here) == len(others)
@@ -181,7 +189,7 @@ class _Meeting:
         if failed is not None:
             raise failed
         if verdict != GO:
-            raise self.refusal(verdict, named)
+            raise self.refusal(verdict, named, {r: u for r, u in elsewhere.items() if r in named})
 
     def arrive(self, first: int) -> None:
         """Any other listed process: say so to the first, then take its answer."""
@@ -217,7 +225,10 @@ class _Meeting:
 
         return got[0] if poll(arrived, end, Backoff()) else None
 
-    def refusal(self, verdict: int, ranks: list[int]) -> RuntimeError:
+    def refusal(self, verdict: int, ranks: list[int], elsewhere: Mapping[int, int] | None = None
+                ) -> RuntimeError:
+        """The error for ``verdict`` naming ``ranks``; ``elsewhere``: those of them that arrived
+        with another uuid (an earlier handshake's, or a mistake), by the uuid they sent."""
         who = [self.who.get(r, f"rank {r} of MPI_COMM_WORLD") for r in ranks]
         if verdict == MISMATCH:
             text = (f"the processes listed other handles or another order: {who} differ from the first "
@@ -230,4 +241,7 @@ class _Meeting:
             text = (f"Timed out ({waited}) waiting for {who}" + (" (gave up)" if verdict == GAVE_UP else "")
                     + f"; every listed process calls {self.call} with the same uuid and handles within "
                     "the timeout")
+            if elsewhere:
+                sent = ", ".join(f"{self.who.get(r, r)} with uuid {_signed(u)}" for r, u in elsewhere.items())
+                text += f"; heard instead from {sent}, not {_signed(self.word)}"
         return errors.runtime_error(self.call, text)

@@ -225,6 +225,21 @@ def test_a_member_that_never_calls_times_out_the_others(tw, handles, absent):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_members_with_another_uuid_time_out_and_the_first_says_which(tw, handles):
+    """As under gloo, members that pass different uuids wait for each other until the timeout;
+    the first listed process's error names the members it heard from with another uuid."""
+    ours, theirs = _uuid(), _uuid()
+    with pytest.raises(RuntimeError, match=r"Timed out") as info:
+        tw._reconfigure(ours if ME == 0 else theirs, handles, timeout=timedelta(seconds=2))
+    if ME == 0:
+        for m in range(1, N):
+            assert f"{handles[m]} with uuid {theirs}" in str(info.value), info.value
+        assert f"not {ours}" in str(info.value), info.value
+    MPI.COMM_WORLD.Barrier()
+    _check(tw, list(range(N)), handles)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_members_that_list_other_orders_are_told(tw, handles):
     order = list(range(N)) if ME % 2 == 0 else list(range(N))[::-1]
     with pytest.raises(RuntimeError, match="other handles or another order"):
