@@ -16,6 +16,7 @@ job ends, its rank 0 releases the spares still waiting (:func:`release`), which 
 from __future__ import annotations
 
 import atexit
+import importlib
 import sys
 from typing import Any
 
@@ -67,7 +68,19 @@ def park() -> None:
     ``mpidist.run``, ``use_for_cpu``): a spare not yet called in waits here (:func:`wait`), after
     running the script up to that point (its imports, its data), so that it starts warm."""
     if job.world == MPI.COMM_NULL and job.control is not None:
+        warm()
         wait()
+
+
+def warm() -> None:
+    """In a torch script, import now what a newcomer's first ``DistributedDataParallel`` would:
+    its constructor imports ``torch._dynamo`` (about 900 modules), and the survivors would wait
+    for that in its parameters' broadcast."""
+    if "torch" in sys.modules:
+        try:
+            importlib.import_module("torch._dynamo")
+        except ImportError:
+            pass  # a torch without it: its DDP does not import it either
 
 
 def wait() -> None:

@@ -122,6 +122,29 @@ def test_spares_that_are_never_called_are_released_at_the_end(tmp_path):
     assert ends == [["END", "0", "2", "2", "False"], ["END", "1", "2", "2", "False"]], r.stdout
 
 
+WARM = """
+import torch  # the script's imports, as a spare runs them before it waits
+dist.init_process_group("mpi")
+if dist.is_newcomer():
+    say("WARM", "torch._dynamo" in sys.modules)  # what its first DDP would import
+elif dist.get_rank() == 1:
+    die("kill")
+try:
+    for _ in range(3000):  # until the death is seen (bounded)
+        dist.all_reduce(np.ones(1))
+        time.sleep(0.01)
+except dist.ProcessFailureError:
+    dist.heal_group()
+dist.destroy_process_group()
+"""
+
+
+def test_a_waiting_spare_has_imported_what_a_first_ddp_imports(tmp_path):
+    r = job(tmp_path, 3, WARM, timeout=240, env={"MPIDIST_SPARES": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert lines(r.stdout, "WARM") == [["WARM", "True"]], r.stdout + r.stderr[-3000:]
+
+
 # DDP at full size: the spare builds its DDP and takes the survivors' state (catch_up)
 def _checksums(r):
     return re.findall(r"\[rank (\d+)\] done as rank (\d+) of (\d+): parameter checksum (\S+)", r.stdout)
