@@ -109,19 +109,7 @@ def cluster3():
 
 
 def test_ranks_of_a_node_killed_the_other_node_goes_on(cluster2, tmp_path):
-    script = tmp_path / "job.py"
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    script.write_text(JOB.replace("{READY}", str(ready)))
-    cmd = _mpiexec(cluster2, "node0:2,node1:2", 4, script)
-    job, done = _launch(cluster2, cmd, _env(), ready, 4)
-    ranks = [p for p in cluster2.pids("node1") if script.name.encode() in _cmdline(p)]
-    assert len(ranks) == 2 and len(list(ready.iterdir())) == 4, f"the job did not start: {done}"
-    for p in ranks:
-        os.kill(p, signal.SIGKILL)
-    job.join()
-    assert "r" in done, f"the job hung: {done.get('timeout', '')[-3000:]}"
-    r = done["r"]
+    r = _kill_node1_during(cluster2, tmp_path, JOB, "node0:2,node1:2", 4)
     out = r.stdout + r.stderr
     pfe = sorted(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("PFE"))
     assert pfe == [["0", "node0", "2", "3"], ["1", "node0", "2", "3"]], out
@@ -133,19 +121,8 @@ def test_spares_on_another_node_take_the_places_of_a_dead_nodes_ranks(cluster3, 
     # ranks 0-1 on node0, 2-3 on node1, and node2 holds the job's two spares (the last two
     # processes: MPIDIST_SPARES=2). Every rank of node1 is SIGKILLed; node0's ranks heal the
     # world, node2's spares come in as ranks 2 and 3, and the world of 4 spans node0 and node2.
-    script = tmp_path / "job.py"
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    script.write_text(HEAL.replace("{READY}", str(ready)))
-    cmd = _mpiexec(cluster3, "node0:2,node1:2,node2:2", 6, script, "-x", "MPIDIST_SPARES")
-    job, done = _launch(cluster3, cmd, _env(MPIDIST_SPARES="2"), ready, 4, timeout=90)
-    ranks = [p for p in cluster3.pids("node1") if script.name.encode() in _cmdline(p)]
-    assert len(ranks) == 2 and len(list(ready.iterdir())) == 4, f"the job did not start: {done}"
-    for p in ranks:
-        os.kill(p, signal.SIGKILL)
-    job.join()
-    assert "r" in done, f"the job hung: {done.get('timeout', '')[-3000:]}"
-    r = done["r"]
+    r = _kill_node1_during(cluster3, tmp_path, HEAL, "node0:2,node1:2,node2:2", 6, timeout=90,
+                           MPIDIST_SPARES="2")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out  # the dead were SIGKILLed: mpiexec's status stays 0 under ULFM
     pfe = sorted(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("PFE"))
@@ -155,6 +132,25 @@ def test_spares_on_another_node_take_the_places_of_a_dead_nodes_ranks(cluster3, 
     ends = sorted(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("END"))
     world = ["node0", "node0", "node2", "node2"]  # every rank's host, by rank, as every rank sees it
     assert ends == [[str(k), host, "4", "10.0", *world] for k, host in enumerate(world)], out  # 1+2+3+4
+
+
+def _kill_node1_during(cluster, tmp_path: Path, body: str, hosts: str, n: int, timeout: float = 180,
+                       **env: str) -> subprocess.CompletedProcess:
+    """Run ``body`` on ``hosts`` (2 ranks a node; ``env`` passed to every rank), SIGKILL node1's
+    two ranks once all four job ranks are in their loop, and return the ended job."""
+    script = tmp_path / "job.py"
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    script.write_text(body.replace("{READY}", str(ready)))
+    passed = [w for k in env for w in ("-x", k)]
+    job, done = _launch(cluster, _mpiexec(cluster, hosts, n, script, *passed), _env(**env), ready, 4, timeout)
+    ranks = [p for p in cluster.pids("node1") if script.name.encode() in _cmdline(p)]
+    assert len(ranks) == 2 and len(list(ready.iterdir())) == 4, f"the job did not start: {done}"
+    for p in ranks:
+        os.kill(p, signal.SIGKILL)
+    job.join()
+    assert "r" in done, f"the job hung: {done.get('timeout', '')[-3000:]}"
+    return done["r"]
 
 
 def _mpiexec(cluster, hosts: str, n: int, script: Path, *extra: str) -> list[str]:
